@@ -1,0 +1,39 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Each creates .venv when missing and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= ./troupe-data
+
+.PHONY: run test lint sweep bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+run: $(VENV)/.installed
+	$(BIN)/troupe serve --data-dir $(DATA_DIR)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check troupe tests bench
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check troupe tests bench
+
+sweep: $(VENV)/.installed
+	$(BIN)/troupe sim sweep --seeds 1..200 --steps 2000 --jobs 2
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/runtime.py
+
+clean:
+	rm -rf $(VENV) troupe-data .pytest_cache
