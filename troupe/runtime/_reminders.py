@@ -1,0 +1,177 @@
+"""Durable reminders: timers that survive crashes, restarts and passivation.
+
+A reminder is a row in storage (``kind, key, name, due_wall, payload``).  The service keeps the
+reminders due within a horizon in a heap, sleeps until the earliest is due by the Env's wall
+clock, and delivers ``ReminderFired`` to the actor (activating it).  The row is deleted inside
+the actor's turn, after ``on_reminder`` returned, so a crash before that fires it again after
+the restart; a reminder whose turn crashes twice is poison, reported and dropped.
+
+Trade-off: reminders are matched on wall time, which can jump; the service re-reads the clock at
+least every ``wake_seconds_max`` so a jump delays or advances delivery by at most that much.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import _limits
+from ._actor import ReminderFired
+from ._exceptions import ActorError, PoisonMessage
+
+if TYPE_CHECKING:
+    from ._system import ActorSystem
+
+wake_seconds_max = 1.0
+"""Longest sleep between wall-clock checks."""
+
+
+class ReminderService:
+    def __init__(self, system: ActorSystem) -> None:
+        self._system = system
+        self._heap: list[tuple[float, str, str, str, float]] = []
+        """(fire_at, kind, key, name, due_wall): fire_at is later than due_wall after a retry."""
+        self._due: dict[tuple[str, str, str], float] = {}
+        self._in_flight: set[tuple[str, str, str]] = set()
+        self._changed = trio.Event()
+        self._loaded_until = float("-inf")
+        self.fired = 0
+        self.poisoned = 0
+
+    # -- what actors call -------------------------------------------------------------
+
+    async def set(self, kind: str, key: str, name: str, due_wall: float, payload: Any) -> None:
+        from troupe.storage import reminder_set
+
+        storage = self._require_storage()
+        await storage.write(lambda connection: reminder_set(connection, kind, key, name, due_wall, payload))
+        self.arm(kind, key, name, due_wall)
+
+    async def cancel(self, kind: str, key: str, name: str) -> None:
+        from troupe.storage import reminder_delete
+
+        storage = self._require_storage()
+        await storage.write(lambda connection: reminder_delete(connection, kind, key, name))
+        self._due.pop((kind, key, name), None)
+
+    def arm(self, kind: str, key: str, name: str, due_wall: float) -> None:
+        if due_wall > self._loaded_until:
+            return  # beyond the horizon: the next scan loads it
+        self._due[(kind, key, name)] = due_wall
+        heapq.heappush(self._heap, (due_wall, kind, key, name, due_wall))
+        self._changed.set()
+
+    async def completed(self, kind: str, key: str, fired: ReminderFired) -> None:
+        """Called inside the actor's turn: delete the row unless it was set again meanwhile."""
+        storage = self._require_storage()
+
+        def delete(connection) -> None:
+            connection.execute(
+                "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
+                (kind, key, fired.name, fired.due_wall),
+            )
+
+        await storage.write(delete)
+        if self._due.get((kind, key, fired.name)) == fired.due_wall:
+            del self._due[(kind, key, fired.name)]
+
+    def _require_storage(self):
+        storage = self._system.storage
+        if storage is None:
+            raise RuntimeError("durable reminders need an actor system with storage")
+        return storage
+
+    # -- the service task -------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        system = self._system
+        clock = system.env.clock
+        self._heap.clear()
+        self._due.clear()
+        self._in_flight.clear()
+        self._loaded_until = float("-inf")
+        async with trio.open_nursery() as nursery:
+            limiter = trio.CapacityLimiter(_limits.reminder_deliveries_in_flight_max)
+            if system.storage is not None:
+                await self._scan(clock.wall())
+            task_status.started()
+            if system.storage is None:
+                await trio.sleep_forever()
+            while True:
+                now = clock.wall()
+                if now >= self._loaded_until - _limits.reminder_retry_seconds:
+                    await self._scan(now)
+                while self._heap and self._heap[0][0] <= now:
+                    _, kind, key, name, due_wall = heapq.heappop(self._heap)
+                    address = (kind, key, name)
+                    if self._due.get(address) != due_wall or address in self._in_flight:
+                        continue  # superseded, cancelled or already being delivered
+                    self._in_flight.add(address)
+                    nursery.start_soon(self._deliver, limiter, kind, key, name, due_wall)
+                delay = wake_seconds_max
+                if self._heap:
+                    delay = min(delay, max(self._heap[0][0] - now, 0.0))
+                self._changed = trio.Event()
+                with trio.move_on_after(delay):
+                    await self._changed.wait()
+
+    async def _scan(self, now: float) -> None:
+        from troupe.storage import reminders_due
+
+        until = now + _limits.reminder_horizon_seconds
+        rows = await self._system.storage.read(
+            lambda connection: reminders_due(connection, until, _limits.reminder_batch_max)
+        )
+        for row in rows:
+            address = (row.kind, row.key, row.name)
+            if self._due.get(address) != row.due_wall:
+                self._due[address] = row.due_wall
+                heapq.heappush(self._heap, (row.due_wall, row.kind, row.key, row.name, row.due_wall))
+        # A full batch means more may lie inside the horizon: scan again soon after them.
+        if len(rows) >= _limits.reminder_batch_max:
+            until = rows[-1].due_wall
+        self._loaded_until = until
+
+    async def _deliver(self, limiter: trio.CapacityLimiter, kind: str, key: str, name: str, due_wall: float) -> None:
+        from troupe.storage import reminders_for
+
+        system = self._system
+        address = (kind, key, name)
+        retry_after = None
+        try:
+            async with limiter:
+                rows = await system.storage.read(lambda connection: reminders_for(connection, kind, key))
+                payloads = [row.payload for row in rows if row.name == name and row.due_wall == due_wall]
+                if not payloads:
+                    self._due.pop(address, None)
+                    return  # cancelled or replaced in storage
+                system.tracer.record("reminder_fire", kind, key, name=name)
+                self.fired += 1
+                await system.ref(kind, key).ask(ReminderFired(name, due_wall, payloads[0]))
+        except PoisonMessage:
+            self.poisoned += 1
+            system.tracer.record("reminder_poison", kind, key, name=name)
+            await self._drop(kind, key, name, due_wall)
+        except ActorError as error:
+            retry_after = getattr(error, "retry_after_seconds", _limits.reminder_retry_seconds)
+        except Exception as error:  # storage trouble: try again later
+            system.tracer.record("reminder_error", kind, key, name=name, error=type(error).__name__)
+            retry_after = _limits.reminder_retry_seconds
+        finally:
+            self._in_flight.discard(address)
+        if retry_after is not None and self._due.get(address) == due_wall:
+            # Re-arm in memory only: the row is still in storage with its original due time.
+            heapq.heappush(self._heap, (system.env.clock.wall() + retry_after, kind, key, name, due_wall))
+            self._changed.set()
+
+    async def _drop(self, kind: str, key: str, name: str, due_wall: float) -> None:
+        def delete(connection) -> None:
+            connection.execute(
+                "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
+                (kind, key, name, due_wall),
+            )
+
+        await self._system.storage.write(delete)
+        self._due.pop((kind, key, name), None)

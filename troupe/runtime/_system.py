@@ -1,0 +1,502 @@
+"""The actor system: virtual actors, bounded mailboxes, turns, crashes and passivation.
+
+Each live actor is a *cell*: a bounded trio memory channel (its mailbox) and one task that takes
+one message at a time.  ``system.ref(kind, key)`` never fails and costs nothing; the first
+message creates the cell in its kind supervisor's nursery.  Posting is synchronous
+(``send_nowait``), which is what makes the life cycle race-free: a cell is removed from the live
+map *before* its mailbox closes, so a message posted a moment later creates a fresh cell, which
+waits for the old one to finish passivating before it loads state.
+
+Trade-offs: one task per live actor keeps turns simple and costs a few KB per actor; the
+live-actor cap (LRU) bounds the total.  Turns run to completion or to their timeout; a crash
+fails only that turn's caller, discards the instance and the next message re-activates it from
+storage.  Restart intensity is per actor (OTP's default, 1 restart in 5 s); exceeding it
+escalates to the kind supervisor, which absorbs a bounded number of escalations before it
+gives up and the root marks the kind ``Unavailable`` while it recovers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import _limits
+from ._actor import Actor, ActorContext, ActorKind, ReminderFired
+from ._env import Env
+from ._exceptions import (
+    ActorCrashed,
+    AskTimeout,
+    Overloaded,
+    PoisonMessage,
+    Unavailable,
+    UnknownActorKind,
+)
+from ._limits import RestartIntensity
+from ._reminders import ReminderService
+from ._supervisor import ChildSpec, Strategy, Supervisor, SupervisorEscalated
+from ._trace import Tracer
+
+turn_latency_buckets_seconds = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _Envelope:
+    __slots__ = ("message", "done", "result", "error")
+
+    def __init__(self, message: Any, wants_reply: bool) -> None:
+        self.message = message
+        self.done = trio.Event() if wants_reply else None
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def succeed(self, result: Any) -> None:
+        if self.done is not None:
+            self.result = result
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if self.done is not None:
+            self.error = error
+            self.done.set()
+
+
+class _Cell:
+    __slots__ = (
+        "runtime", "key", "send", "receive", "actor", "restart_times", "timers",
+        "passivate_requested", "detached", "stopped", "finished",
+    )
+
+    def __init__(self, runtime: _KindRuntime, key: str) -> None:
+        self.runtime = runtime
+        self.key = key
+        self.send, self.receive = trio.open_memory_channel[_Envelope](runtime.spec.mailbox_messages_max)
+        self.actor: Actor | None = None
+        self.restart_times: deque[float] = deque()
+        self.timers: dict[str, trio.CancelScope] = {}
+        self.passivate_requested = False
+        self.detached = False
+        self.stopped = False
+        self.finished = trio.Event()
+
+
+@dataclass
+class KindStatistics:
+    """Counters for one actor kind (see ``ActorSystem.statistics``)."""
+
+    live: int = 0
+    mailbox_depth: int = 0
+    activations: int = 0
+    passivations: int = 0
+    turns: int = 0
+    turn_seconds_total: float = 0.0
+    turn_latency_counts: list[int] = field(default_factory=lambda: [0] * (len(turn_latency_buckets_seconds) + 1))
+    crashes: int = 0
+    restarts: int = 0
+    escalations: int = 0
+    poison: int = 0
+    overloaded: int = 0
+    available: bool = True
+
+
+class _KindRuntime:
+    """Per-kind state: its supervisor's nursery, poison memory, availability, statistics."""
+
+    def __init__(self, spec: ActorKind) -> None:
+        self.spec = spec
+        self.nursery: trio.Nursery | None = None
+        self.available = False
+        self.retry_at = 0.0
+        self.failed = trio.Event()
+        self.escalation_times: deque[float] = deque()
+        self.passivating: dict[str, trio.Event] = {}
+        self.crash_counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.statistics = KindStatistics()
+
+
+def _fingerprint(message: Any) -> str:
+    # Messages are frozen dataclasses; their repr is deterministic and names every field.
+    return f"{type(message).__qualname__}:{message!r}"
+
+
+def _within(times: deque[float], now: float, intensity: RestartIntensity) -> bool:
+    times.append(now)
+    while times and now - times[0] > intensity.period_seconds:
+        times.popleft()
+    return len(times) <= intensity.restarts_max
+
+
+class ActorRef:
+    """A cheap, always-valid address of a virtual actor."""
+
+    __slots__ = ("_system", "kind", "key")
+
+    def __init__(self, system: ActorSystem, kind: str, key: str) -> None:
+        self._system = system
+        self.kind = kind
+        self.key = key
+
+    async def ask(self, message: Any, timeout: float | None = None) -> Any:
+        """Send ``message`` and wait for the reply; raises ``ActorError`` subclasses."""
+        envelope = _Envelope(message, wants_reply=True)
+        self._system._post(self.kind, self.key, envelope)
+        if timeout is None:
+            await envelope.done.wait()
+        else:
+            with trio.move_on_after(timeout):
+                await envelope.done.wait()
+            if not envelope.done.is_set():
+                raise AskTimeout(f"{self.kind}/{self.key} did not reply within {timeout}s")
+        if envelope.error is not None:
+            raise envelope.error
+        return envelope.result
+
+    def tell(self, message: Any) -> None:
+        """Fire and forget; raises ``Overloaded``/``Unavailable`` if it cannot be queued."""
+        self._system._post(self.kind, self.key, _Envelope(message, wants_reply=False))
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.kind!r}, {self.key!r})"
+
+
+class ActorSystem:
+    """Owns the kinds, the live cells, the root supervisor and the reminder service."""
+
+    def __init__(
+        self,
+        env: Env,
+        kinds: list[ActorKind],
+        *,
+        storage: Any = None,
+        tracer: Tracer | None = None,
+        live_actors_max: int = _limits.live_actors_max,
+        root_intensity: RestartIntensity | None = None,
+        services: list[ChildSpec] | None = None,
+    ) -> None:
+        assert live_actors_max >= 1
+        self.env = env
+        self.storage = storage
+        self.tracer = tracer or Tracer(enabled=False)
+        self.live_actors_max = live_actors_max
+        self._kinds: dict[str, _KindRuntime] = {}
+        for spec in kinds:
+            assert spec.name not in self._kinds, f"duplicate actor kind {spec.name!r}"
+            self._kinds[spec.name] = _KindRuntime(spec)
+        self._live: OrderedDict[tuple[str, str], _Cell] = OrderedDict()
+        self.reminders = ReminderService(self)
+        children = [ChildSpec("reminders", self.reminders.run)]
+        children += list(services or [])
+        children += [self._kind_child(runtime) for runtime in self._kinds.values()]
+        self.root = Supervisor(
+            "root",
+            children,
+            strategy=Strategy.one_for_one,
+            intensity=root_intensity,
+            clock=env.clock.monotonic,
+            tracer=self.tracer,
+            escalate=False,
+        )
+        self._running = False
+
+    # -- public API ---------------------------------------------------------------------
+
+    def ref(self, kind: str, key: str) -> ActorRef:
+        return ActorRef(self, kind, key)
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(self._kinds)
+
+    def statistics(self) -> dict[str, KindStatistics]:
+        """A snapshot per kind; ``live`` and ``mailbox_depth`` are counted now."""
+        for runtime in self._kinds.values():
+            runtime.statistics.live = 0
+            runtime.statistics.mailbox_depth = 0
+            runtime.statistics.available = runtime.available
+        for cell in self._live.values():
+            statistics = cell.runtime.statistics
+            statistics.live += 1
+            statistics.mailbox_depth += cell.send.statistics().current_buffer_used
+        return {name: runtime.statistics for name, runtime in self._kinds.items()}
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the root supervisor until cancelled."""
+        self._running = True
+        try:
+            await self.root.run(task_status=task_status)
+        finally:
+            self._running = False
+
+    async def drain(self) -> None:
+        """Graceful shutdown: passivate every live actor after its queued messages."""
+        cells = list(self._live.values())
+        for cell in cells:
+            self._detach(cell)
+        for cell in cells:
+            await cell.finished.wait()
+
+    # -- posting ------------------------------------------------------------------------
+
+    def _post(self, kind: str, key: str, envelope: _Envelope) -> None:
+        runtime = self._kinds.get(kind)
+        if runtime is None:
+            raise UnknownActorKind(kind)
+        if not runtime.available or runtime.nursery is None:
+            raise Unavailable(kind, max(runtime.retry_at - self.env.clock.monotonic(), _limits.retry_after_seconds_min))
+        address = (kind, key)
+        cell = self._live.get(address)
+        if cell is None:
+            cell = self._create_cell(runtime, key)
+        else:
+            self._live.move_to_end(address)
+        try:
+            cell.send.send_nowait(envelope)
+        except trio.WouldBlock:
+            runtime.statistics.overloaded += 1
+            raise Overloaded(kind, key, self._retry_after(runtime, cell)) from None
+
+    def _retry_after(self, runtime: _KindRuntime, cell: _Cell) -> float:
+        statistics = runtime.statistics
+        average = statistics.turn_seconds_total / statistics.turns if statistics.turns else 0.01
+        depth = cell.send.statistics().current_buffer_used
+        return min(max(depth * average, _limits.retry_after_seconds_min), _limits.retry_after_seconds_max)
+
+    def _create_cell(self, runtime: _KindRuntime, key: str) -> _Cell:
+        while len(self._live) >= self.live_actors_max:
+            _, oldest = next(iter(self._live.items()))
+            self.tracer.record("evict", oldest.runtime.spec.name, oldest.key)
+            self._detach(oldest)
+        cell = _Cell(runtime, key)
+        self._live[(runtime.spec.name, key)] = cell
+        runtime.nursery.start_soon(self._run_cell, cell)
+        return cell
+
+    def _detach(self, cell: _Cell) -> None:
+        """Stop accepting messages for ``cell``: queued ones still run, then it passivates."""
+        if cell.detached:
+            return
+        cell.detached = True
+        address = (cell.runtime.spec.name, cell.key)
+        if self._live.get(address) is cell:
+            del self._live[address]
+        cell.runtime.passivating[cell.key] = cell.finished
+        cell.send.close()
+
+    # -- the cell's task ----------------------------------------------------------------
+
+    async def _run_cell(self, cell: _Cell) -> None:
+        runtime = cell.runtime
+        previous = runtime.passivating.get(cell.key)
+        try:
+            if previous is not None and previous is not cell.finished:
+                await previous.wait()
+            await self._cell_loop(cell)
+        finally:
+            self._detach(cell)
+            for scope in cell.timers.values():
+                scope.cancel()
+            cell.timers.clear()
+            error = Unavailable(runtime.spec.name, _limits.retry_after_seconds_min)
+            while True:
+                try:
+                    cell.receive.receive_nowait().fail(error)
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            if runtime.passivating.get(cell.key) is cell.finished:
+                del runtime.passivating[cell.key]
+            cell.finished.set()
+
+    async def _cell_loop(self, cell: _Cell) -> None:
+        spec = cell.runtime.spec
+        while not cell.stopped:
+            try:
+                with trio.move_on_after(spec.idle_seconds) as idle:
+                    envelope = await cell.receive.receive()
+            except trio.EndOfChannel:
+                break
+            if idle.cancelled_caught:
+                self._detach(cell)
+                continue
+            if cell.actor is None and not await self._activate(cell, envelope):
+                continue
+            await self._turn(cell, envelope)
+            if cell.passivate_requested:
+                self._detach(cell)
+        await self._passivate(cell)
+
+    async def _activate(self, cell: _Cell, envelope: _Envelope) -> bool:
+        runtime = cell.runtime
+        spec = runtime.spec
+        context = ActorContext(spec.name, cell.key, self, cell)
+        try:
+            with trio.fail_after(spec.turn_timeout_seconds):
+                actor = spec.factory(context)
+                await actor.on_activate()
+        except Exception as error:
+            self.tracer.record("activation_failed", spec.name, cell.key, error=_describe(error))
+            await self._after_crash(cell, envelope, error)
+            return False
+        cell.actor = actor
+        runtime.statistics.activations += 1
+        self.tracer.record("activate", spec.name, cell.key)
+        return True
+
+    async def _turn(self, cell: _Cell, envelope: _Envelope) -> None:
+        runtime = cell.runtime
+        spec = runtime.spec
+        message = envelope.message
+        fingerprint = (cell.key, _fingerprint(message))
+        if runtime.crash_counts.get(fingerprint, 0) >= 2:
+            self.tracer.record("poison_refused", spec.name, cell.key, message=type(message).__name__)
+            envelope.fail(PoisonMessage(spec.name, cell.key, "message is quarantined as poison"))
+            return
+        self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__)
+        clock = self.env.clock
+        started = clock.monotonic()
+        try:
+            with trio.fail_after(spec.turn_timeout_seconds):
+                if isinstance(message, ReminderFired):
+                    await cell.actor.on_reminder(message.name, message.payload)
+                    await self.reminders.completed(spec.name, cell.key, message)
+                    result = None
+                else:
+                    result = await cell.actor.receive(message)
+        except Exception as error:
+            await self._after_crash(cell, envelope, error)
+            return
+        elapsed = clock.monotonic() - started
+        statistics = runtime.statistics
+        statistics.turns += 1
+        statistics.turn_seconds_total += elapsed
+        bucket = 0
+        while bucket < len(turn_latency_buckets_seconds) and elapsed > turn_latency_buckets_seconds[bucket]:
+            bucket += 1
+        statistics.turn_latency_counts[bucket] += 1
+        envelope.succeed(result)
+
+    async def _after_crash(self, cell: _Cell, envelope: _Envelope, error: Exception) -> None:
+        runtime = cell.runtime
+        spec = runtime.spec
+        statistics = runtime.statistics
+        statistics.crashes += 1
+        fingerprint = (cell.key, _fingerprint(envelope.message))
+        count = runtime.crash_counts.pop(fingerprint, 0) + 1
+        runtime.crash_counts[fingerprint] = count
+        while len(runtime.crash_counts) > _limits.poison_fingerprints_max:
+            runtime.crash_counts.popitem(last=False)
+        self.tracer.record("crash", spec.name, cell.key, message=type(envelope.message).__name__, error=_describe(error))
+        if count >= 2:
+            statistics.poison += 1
+            self.tracer.record("poison", spec.name, cell.key, message=type(envelope.message).__name__)
+            envelope.fail(PoisonMessage(spec.name, cell.key, _describe(error)))
+        else:
+            envelope.fail(ActorCrashed(spec.name, cell.key, _describe(error)))
+        # Discard the instance: the next message re-activates it from durable state.
+        cell.actor = None
+        for scope in cell.timers.values():
+            scope.cancel()
+        cell.timers.clear()
+        now = self.env.clock.monotonic()
+        if _within(cell.restart_times, now, spec.intensity):
+            statistics.restarts += 1
+            self.tracer.record("restart", spec.name, cell.key)
+            return
+        statistics.escalations += 1
+        self.tracer.record("escalate", spec.name, cell.key)
+        cell.stopped = True
+        self._detach(cell)
+        if not _within(runtime.escalation_times, now, spec.kind_intensity):
+            self._kind_failed(runtime)
+
+    async def _passivate(self, cell: _Cell) -> None:
+        actor = cell.actor
+        cell.actor = None
+        if actor is None:
+            return
+        runtime = cell.runtime
+        runtime.statistics.passivations += 1
+        self.tracer.record("passivate", runtime.spec.name, cell.key)
+        try:
+            with trio.fail_after(runtime.spec.turn_timeout_seconds):
+                await actor.on_passivate()
+        except Exception as error:
+            self.tracer.record("passivate_failed", runtime.spec.name, cell.key, error=_describe(error))
+
+    # -- timers -------------------------------------------------------------------------
+
+    def _start_timer(self, cell: _Cell, name: str, delay_seconds: float, message: Any) -> None:
+        previous = cell.timers.pop(name, None)
+        if previous is not None:
+            previous.cancel()
+        scope = trio.CancelScope()
+        cell.timers[name] = scope
+        cell.runtime.nursery.start_soon(self._timer_task, cell, name, scope, delay_seconds, message)
+
+    async def _timer_task(self, cell: _Cell, name: str, scope: trio.CancelScope, delay: float, message: Any) -> None:
+        with scope:
+            await trio.sleep(delay)
+            if cell.timers.get(name) is scope:
+                del cell.timers[name]
+            self.tracer.record("timer", cell.runtime.spec.name, cell.key, name=name)
+            try:
+                cell.send.send_nowait(_Envelope(message, wants_reply=False))
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                self.tracer.record("timer_dropped", cell.runtime.spec.name, cell.key, name=name)
+
+    # -- kind supervision ---------------------------------------------------------------
+
+    def _kind_child(self, runtime: _KindRuntime) -> ChildSpec:
+        name = runtime.spec.name
+
+        async def run(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            runtime.failed = trio.Event()
+            runtime.escalation_times.clear()
+            async with trio.open_nursery() as nursery:
+                runtime.nursery = nursery
+                runtime.available = True
+                task_status.started()
+                await runtime.failed.wait()
+                nursery.cancel_scope.cancel()
+            raise SupervisorEscalated(f"kind:{name}", None)
+
+        def unavailable(retry_after_seconds: float) -> None:
+            runtime.available = False
+            runtime.retry_at = self.env.clock.monotonic() + retry_after_seconds
+
+        return ChildSpec(f"kind:{name}", run, on_unavailable=unavailable)
+
+    def _kind_failed(self, runtime: _KindRuntime) -> None:
+        self.tracer.record("kind_failed", runtime.spec.name, "")
+        runtime.available = False
+        runtime.retry_at = self.env.clock.monotonic() + _limits.recovery_backoff_seconds_min
+        runtime.nursery = None
+        runtime.failed.set()
+
+
+def _describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text[:200]
+
+
+@asynccontextmanager
+async def open_actor_system(env: Env, kinds: list[ActorKind], **options: Any) -> AsyncIterator[ActorSystem]:
+    """Start an ``ActorSystem`` in a nursery of its own; on exit drain it and stop."""
+    system = ActorSystem(env, kinds, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(system.run)
+        try:
+            yield system
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(_limits.turn_timeout_seconds):
+                await system.drain()
+            nursery.cancel_scope.cancel()
+
+
+__all__ = ["ActorRef", "ActorSystem", "KindStatistics", "open_actor_system"]
