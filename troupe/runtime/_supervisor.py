@@ -104,6 +104,7 @@ class Supervisor:
         send_exits, receive_exits = trio.open_memory_channel[tuple[str, int, BaseException | None]](
             len(self.children) * 2 + 8
         )
+        self._escalation: SupervisorEscalated | None = None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._exits = send_exits
@@ -115,6 +116,9 @@ class Supervisor:
                 if running is None or running.generation != generation:
                     continue  # an exit we caused on purpose, or a stale report
                 await self._on_child_exit(running, error)
+        # Raised here, outside the nursery, so the parent sees it bare, not in an ExceptionGroup.
+        if self._escalation is not None:
+            raise self._escalation
 
     async def _start_child(self, spec: ChildSpec) -> None:
         self._generation += 1
@@ -151,7 +155,9 @@ class Supervisor:
             if self._escalate:
                 self._tracer.record("escalate", "supervisor", self.name, child=spec.name)
                 await self._stop_children(self.children)
-                raise SupervisorEscalated(self.name, error)
+                self._escalation = SupervisorEscalated(self.name, error)
+                self._nursery.cancel_scope.cancel()
+                await trio.lowlevel.checkpoint()  # raises Cancelled: unwinds to run()
             self._restart_times.clear()
             self._nursery.start_soon(self._recover_later, spec)
             return
