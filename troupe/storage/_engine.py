@@ -1,0 +1,560 @@
+"""The storage engine: one writer task with group commit, a pool of read connections, migrations.
+
+Why this shape: SQLite allows one writer at a time, so instead of many connections fighting
+over the write lock, one task owns the write connection and takes jobs from a bounded queue.
+It drains whatever is queued (up to ``write_batch_jobs_max``) into one ``BEGIN IMMEDIATE ...
+COMMIT``; each job runs inside its own SAVEPOINT so a job whose function raises fails alone.
+One commit then pays for many jobs (group commit), and a caller hears back only after COMMIT
+returned: an acknowledged write is a committed write.  Reads go to separate read-only
+connections, which WAL lets run alongside the writer.
+
+Trade-offs:
+- A job that fails with an I/O error can take its batch-mates down with it (SQLite may roll
+  back the whole transaction); they get ``BatchAborted`` and are not retried, because their
+  functions may not be safe to run twice.  The engine itself stays usable for the next batch.
+- ``synchronous=NORMAL`` (the default): in WAL mode a commit survives a process crash but not
+  necessarily a power loss; pass ``synchronous="FULL"`` where power loss matters.
+- The whole batch (begin, jobs, commit) is one ``Env.executor.run_sync`` call: one thread hop
+  per batch in production, and under the simulator's inline executor a batch is atomic with
+  respect to other tasks, which makes ``crash()`` exact and runs reproducible.
+
+Lifetime: ``Engine.open(env, nursery=...)`` starts the writer in the caller's nursery (without
+a nursery, in a trio system task); ``await engine.aclose()`` drains queued writes and closes
+every connection.  ``async with open_engine(env, ...) as engine`` does both with its own
+nursery.  ``crash()`` is the simulator's abrupt stop: see its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import apsw
+import outcome
+import trio
+
+from ._exceptions import (
+    BatchAborted,
+    DiskFull,
+    MigrationError,
+    StorageClosed,
+    StorageCorrupt,
+    StorageCrashed,
+    StorageError,
+    StorageIOError,
+    StorageOverloaded,
+)
+from ._migrations import Migration, apply_migrations
+from ._schema import core_migrations
+
+T = TypeVar("T")
+
+write_queue_jobs_max = 4096
+write_batch_jobs_max = 256
+readers_max_limit = 64
+busy_timeout_seconds = 5.0
+retry_after_seconds_min = 0.01
+assert write_batch_jobs_max <= write_queue_jobs_max
+assert busy_timeout_seconds > 0
+
+synchronous_modes = ("NORMAL", "FULL", "EXTRA")
+
+# Errors that describe the disk or the file rather than the caller's logic: these are wrapped
+# even when a caller's job function raised them.
+_disk_errors = (apsw.IOError, apsw.FullError, apsw.CorruptError, apsw.NotADBError)
+
+
+@dataclass
+class EngineStatistics:
+    """Counters since open.  ``commit_seconds_*`` time whole group-commit batches (begin, the
+    jobs, commit) on ``Env.clock.monotonic``, so they are 0 under a mock clock."""
+
+    commits: int = 0
+    transactions: int = 0
+    jobs: int = 0
+    write_queue_depth: int = 0
+    commit_seconds_last: float = 0.0
+    commit_seconds_max: float = 0.0
+    commit_seconds_total: float = 0.0
+    read_jobs: int = 0
+    faults_seen: int = 0
+
+
+@dataclass(eq=False)
+class _WriteJob:
+    function: Callable[[apsw.Connection], Any]
+    done: trio.Event = field(default_factory=trio.Event)
+    result: outcome.Outcome | None = None
+    abandoned: bool = False
+
+
+class Engine:
+    """The one storage engine of a troupe process.  Create it with ``Engine.open``."""
+
+    def __init__(self, env: Any, path: str, *, connection_setup: Sequence[Callable],
+                 readers_max: int, synchronous: str, queue_jobs_max: int,
+                 batch_jobs_max: int) -> None:
+        if not 1 <= readers_max <= readers_max_limit:
+            raise ValueError(f"readers_max must be in 1..{readers_max_limit}")
+        if synchronous not in synchronous_modes:
+            raise ValueError(f"synchronous must be one of {synchronous_modes}")
+        if not 1 <= batch_jobs_max <= queue_jobs_max:
+            raise ValueError("need 1 <= write_batch_jobs_max <= write_queue_jobs_max")
+        self.path = path
+        self._env = env
+        self._executor = env.executor
+        self._vfs_name: str | None = env.storage.vfs_name
+        self._connection_setup = tuple(connection_setup)
+        self._readers_max = readers_max
+        self._synchronous = synchronous
+        self._batch_jobs_max = batch_jobs_max
+        self._send, self._receive = trio.open_memory_channel[_WriteJob](queue_jobs_max)
+        self._statistics = EngineStatistics()
+        self._write_connection: apsw.Connection | None = None
+        self._write_connection_broken = False
+        self._writing = False
+        self._writer_done = trio.Event()
+        self._outstanding: dict[int, _WriteJob] = {}
+        self._jobs_created = 0
+        self._reader_slots = trio.Semaphore(readers_max)
+        self._idle_readers: list[apsw.Connection] = []
+        self._closed = False
+        self._crashed = False
+
+    # ----------------------------------------------------------------------------- lifetime
+
+    @classmethod
+    async def open(
+        cls,
+        env: Any,
+        *,
+        name: str = "troupe.db",
+        migrations: Sequence[Migration] = (),
+        connection_setup: Sequence[Callable[[apsw.Connection], None]] = (),
+        readers_max: int = 4,
+        nursery: trio.Nursery | None = None,
+        synchronous: str = "NORMAL",
+        write_queue_jobs_max: int = write_queue_jobs_max,
+        write_batch_jobs_max: int = write_batch_jobs_max,
+    ) -> Engine:
+        """Open (creating if needed) ``env.storage.data_dir/name``, migrate, start the writer.
+
+        ``migrations`` come after the core ones, in list order by component.  Each function in
+        ``connection_setup`` runs on every connection the engine opens, before migrations.
+        """
+        os.makedirs(env.storage.data_dir, exist_ok=True)
+        engine = cls(
+            env, os.path.join(env.storage.data_dir, name),
+            connection_setup=connection_setup, readers_max=readers_max,
+            synchronous=synchronous, queue_jobs_max=write_queue_jobs_max,
+            batch_jobs_max=write_batch_jobs_max,
+        )
+        applied_at = env.clock.wall()
+        await env.executor.run_sync(
+            engine._open_writer, [*core_migrations, *migrations], applied_at
+        )
+        if nursery is None:
+            trio.lowlevel.spawn_system_task(engine._writer_loop, name="troupe.storage.writer")
+        else:
+            nursery.start_soon(engine._writer_loop, name="troupe.storage.writer")
+        return engine
+
+    def _open_writer(self, migrations: list[Migration], applied_at: float) -> None:
+        connection = self._connect(read_only=False)
+        try:
+            apply_migrations(connection, migrations, lambda: applied_at)
+        except MigrationError:
+            connection.close(True)
+            raise
+        except apsw.Error as exc:
+            connection.close(True)
+            raise self._storage_error(exc) from exc
+        self._write_connection = connection
+
+    def _connect(self, *, read_only: bool) -> apsw.Connection:
+        if read_only:
+            flags = apsw.SQLITE_OPEN_READONLY
+        else:
+            flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+        try:
+            connection = apsw.Connection(self.path, flags=flags, vfs=self._vfs_name)
+        except apsw.Error as exc:
+            raise self._storage_error(exc) from exc
+        try:
+            connection.set_busy_timeout(int(busy_timeout_seconds * 1000))
+            if read_only:
+                connection.execute("PRAGMA query_only = ON")
+                # Only the writer may checkpoint on close; a reader closing last must not.
+                connection.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+            else:
+                mode = connection.execute("PRAGMA journal_mode = WAL").get
+                if str(mode).lower() != "wal":
+                    raise StorageError(f"could not enable WAL (journal_mode is {mode!r})")
+                connection.execute(f"PRAGMA synchronous = {self._synchronous}")
+            connection.execute("PRAGMA foreign_keys = ON")
+            for setup in self._connection_setup:
+                setup(connection)
+        except apsw.Error as exc:
+            connection.close(True)
+            raise self._storage_error(exc) from exc
+        except BaseException:
+            connection.close(True)
+            raise
+        return connection
+
+    async def aclose(self) -> None:
+        """Stop accepting jobs, let queued writes commit, close every connection."""
+        if self._closed:
+            await self._writer_done.wait()
+            return
+        self._closed = True
+        self._send.close()
+        await self._writer_done.wait()
+        for _ in range(self._readers_max):
+            await self._reader_slots.acquire()
+        readers, self._idle_readers = self._idle_readers, []
+        writer, self._write_connection = self._write_connection, None
+        await self._executor.run_sync(_close_connections, readers, writer)
+
+    def crash(self) -> None:
+        """SIMULATOR ONLY: stop abruptly, as if the process died.
+
+        Uncommitted work is rolled back (connections close without commit and without the
+        checkpoint a clean close does, so the WAL is left for recovery exactly as after a real
+        crash), and every job not yet acknowledged fails with ``StorageCrashed``.  With the
+        inline executor no batch can be half-run when this is called, so a fresh
+        ``Engine.open`` sees exactly the acknowledged writes.  With a thread executor a batch in
+        flight is rolled back before COMMIT if it has not reached it yet.
+        """
+        if self._crashed:
+            return
+        self._crashed = True
+        self._closed = True
+        self._send.close()
+        for job in list(self._outstanding.values()):
+            self._finish(job, outcome.Error(StorageCrashed("the storage engine crashed")))
+        if not self._writing:
+            self._abandon_write_connection()
+        readers, self._idle_readers = self._idle_readers, []
+        for reader in readers:
+            _abandon(reader)
+
+    def _abandon_write_connection(self) -> None:
+        connection, self._write_connection = self._write_connection, None
+        if connection is not None:
+            _abandon(connection)
+
+    # ------------------------------------------------------------------------------- writes
+
+    async def write(self, function: Callable[[apsw.Connection], T]) -> T:
+        """Run ``function(connection)`` in the write transaction; return after COMMIT.
+
+        Raises what ``function`` raised (it failed alone), a ``StorageError`` if the batch could
+        not commit, or ``StorageOverloaded`` at once if the write queue is full.
+        """
+        self._check_open()
+        job = _WriteJob(function)
+        try:
+            self._send.send_nowait(job)
+        except trio.WouldBlock:
+            raise StorageOverloaded(
+                "the storage write queue is full",
+                retry_after_seconds=self._retry_after_seconds(),
+            ) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._check_open()
+            raise StorageClosed("the storage engine is closed") from None
+        self._jobs_created += 1
+        job_id = self._jobs_created
+        self._outstanding[job_id] = job
+        try:
+            await job.done.wait()
+        except BaseException:
+            # The caller is cancelled: if the writer has not started the job, it is skipped.
+            job.abandoned = True
+            self._outstanding.pop(job_id, None)
+            raise
+        self._outstanding.pop(job_id, None)
+        assert job.result is not None
+        return job.result.unwrap()
+
+    def _finish(self, job: _WriteJob, result: outcome.Outcome) -> None:
+        if job.done.is_set():
+            return
+        job.result = result
+        job.done.set()
+
+    def _retry_after_seconds(self) -> float:
+        statistics = self._statistics
+        batches_ahead = math.ceil(self._receive.statistics().current_buffer_used
+                                  / self._batch_jobs_max)
+        per_batch = (statistics.commit_seconds_total / statistics.transactions
+                     if statistics.transactions else 0.0)
+        return max(retry_after_seconds_min, batches_ahead * per_batch)
+
+    async def _writer_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    first = await self._receive.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+                batch = [first]
+                while len(batch) < self._batch_jobs_max:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if self._crashed:
+                    return
+                await self._run_batch(batch)
+        finally:
+            for job in list(self._outstanding.values()):
+                self._finish(job, outcome.Error(StorageClosed("the storage writer stopped")))
+            self._writer_done.set()
+
+    async def _run_batch(self, batch: list[_WriteJob]) -> None:
+        started = self._env.clock.monotonic()
+        self._writing = True
+        try:
+            results = await self._executor.run_sync(self._run_batch_sync, batch)
+        except Exception as exc:
+            # Our own bug or an executor failure: no job may be left hanging.
+            results = [outcome.Error(StorageError(f"storage batch failed: {exc!r}"))
+                       for _ in batch]
+        finally:
+            self._writing = False
+        elapsed = self._env.clock.monotonic() - started
+        statistics = self._statistics
+        statistics.commit_seconds_last = elapsed
+        statistics.commit_seconds_max = max(statistics.commit_seconds_max, elapsed)
+        statistics.commit_seconds_total += elapsed
+        if self._crashed:
+            # crash() already failed these jobs; the connection was busy then, close it now.
+            self._abandon_write_connection()
+            return
+        for job, result in zip(batch, results, strict=True):
+            self._finish(job, result)
+
+    def _run_batch_sync(self, batch: list[_WriteJob]) -> list[outcome.Outcome]:
+        """Runs in the executor: as many transactions as needed to give every job an outcome
+        (normally one; more only when an I/O failure ended a transaction midway)."""
+        results: list[outcome.Outcome | None] = [None] * len(batch)
+        index = 0
+        while index < len(batch):
+            index = self._run_transaction(batch, index, results)
+        assert all(result is not None for result in results)
+        return results  # type: ignore[return-value]
+
+    def _run_transaction(self, batch: list[_WriteJob], start: int,
+                         results: list[outcome.Outcome | None]) -> int:
+        """Run jobs from ``start`` in one transaction; return the index of the first job not
+        run (the whole batch unless the transaction was aborted)."""
+        try:
+            connection = self._usable_write_connection()
+            self._statistics.transactions += 1
+            connection.execute("BEGIN IMMEDIATE")
+        except (apsw.Error, StorageError) as exc:
+            for index in range(start, len(batch)):
+                results[index] = outcome.Error(self._storage_error(exc))
+            return len(batch)
+        provisional: list[tuple[int, Any]] = []
+        aborted: BaseException | None = None
+        index = start
+        while index < len(batch) and aborted is None:
+            job = batch[index]
+            if job.abandoned:
+                results[index] = outcome.Error(StorageClosed("the caller went away"))
+            else:
+                aborted = self._run_job(connection, job, index, results, provisional)
+            index += 1
+        if aborted is None and self._crashed:
+            aborted = StorageCrashed("the storage engine crashed before commit")
+        if aborted is None:
+            try:
+                connection.execute("COMMIT")
+            except apsw.Error as exc:
+                aborted = exc
+        if aborted is not None:
+            self._rollback(connection)
+            for position, _ in provisional:
+                results[position] = outcome.Error(self._aborted_error(aborted))
+            return index
+        self._statistics.commits += 1
+        for position, value in provisional:
+            results[position] = outcome.Value(value)
+        return index
+
+    def _run_job(self, connection: apsw.Connection, job: _WriteJob, index: int,
+                 results: list[outcome.Outcome | None],
+                 provisional: list[tuple[int, Any]]) -> BaseException | None:
+        """Run one job in its savepoint; return the error that ended the transaction, if any."""
+        self._statistics.jobs += 1
+        try:
+            connection.execute("SAVEPOINT job")
+        except apsw.Error as exc:
+            results[index] = outcome.Error(self._storage_error(exc))
+            return exc
+        try:
+            value = job.function(connection)
+        except Exception as exc:
+            results[index] = outcome.Error(self._job_error(exc))
+            return self._rollback_savepoint(connection, exc)
+        if not connection.in_transaction:
+            error = StorageError("a write job ended the engine's transaction itself")
+            results[index] = outcome.Error(error)
+            return error
+        try:
+            connection.execute("RELEASE job")
+        except apsw.Error as exc:
+            results[index] = outcome.Error(self._storage_error(exc))
+            return exc
+        provisional.append((index, value))
+        return None
+
+    def _rollback_savepoint(self, connection: apsw.Connection,
+                            cause: BaseException) -> BaseException | None:
+        if not connection.in_transaction:
+            # SQLite rolled the whole transaction back (I/O error, disk full).
+            return cause
+        try:
+            connection.execute("ROLLBACK TO job; RELEASE job")
+        except apsw.Error as exc:
+            return exc
+        return None
+
+    def _rollback(self, connection: apsw.Connection) -> None:
+        if not connection.in_transaction:
+            return
+        try:
+            connection.execute("ROLLBACK")
+        except apsw.Error:
+            # The connection is in an unknown state; replace it before the next batch.
+            self._write_connection_broken = True
+
+    def _usable_write_connection(self) -> apsw.Connection:
+        if self._write_connection is None:
+            raise StorageClosed("the write connection is closed")
+        if self._write_connection_broken:
+            _abandon(self._write_connection)
+            self._write_connection = None
+            self._write_connection = self._connect(read_only=False)
+            self._write_connection_broken = False
+        return self._write_connection
+
+    # -------------------------------------------------------------------------------- reads
+
+    async def read(self, function: Callable[[apsw.Connection], T]) -> T:
+        """Run ``function(connection)`` on a read-only connection, in one read transaction
+        (a consistent snapshot of committed data)."""
+        self._check_open()
+        async with self._reader_slots:
+            self._check_open()
+            if self._idle_readers:
+                connection = self._idle_readers.pop()
+            else:
+                connection = await self._executor.run_sync(
+                    lambda: self._connect(read_only=True)
+                )
+            try:
+                result = await self._executor.run_sync(self._run_read_sync, connection, function)
+            finally:
+                if self._closed:
+                    _abandon(connection)
+                else:
+                    self._idle_readers.append(connection)
+            if self._crashed:
+                raise StorageCrashed("the storage engine crashed during the read")
+            self._statistics.read_jobs += 1
+            return result
+
+    def _run_read_sync(self, connection: apsw.Connection,
+                       function: Callable[[apsw.Connection], T]) -> T:
+        try:
+            connection.execute("BEGIN")
+            try:
+                return function(connection)
+            finally:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+        except _disk_errors as exc:
+            raise self._storage_error(exc) from exc
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def statistics(self) -> EngineStatistics:
+        """A copy of the counters, with the current write queue depth."""
+        snapshot = EngineStatistics(**vars(self._statistics))
+        snapshot.write_queue_depth = self._receive.statistics().current_buffer_used
+        return snapshot
+
+    def _check_open(self) -> None:
+        if self._crashed:
+            raise StorageCrashed("the storage engine crashed")
+        if self._closed:
+            raise StorageClosed("the storage engine is closed")
+
+    def _storage_error(self, exc: BaseException) -> StorageError:
+        """Wrap a foreign error as the matching ``StorageError`` (cause attached)."""
+        if isinstance(exc, StorageError):
+            return exc
+        if isinstance(exc, apsw.FullError):
+            error: StorageError = DiskFull(f"disk full: {exc}")
+        elif isinstance(exc, apsw.IOError):
+            error = StorageIOError(f"disk I/O error: {exc}")
+        elif isinstance(exc, (apsw.CorruptError, apsw.NotADBError)):
+            error = StorageCorrupt(f"database file is damaged: {exc}")
+        else:
+            error = StorageError(f"storage failure: {exc!r}")
+        if isinstance(error, StorageIOError):
+            self._statistics.faults_seen += 1
+        error.__cause__ = exc
+        return error
+
+    def _job_error(self, exc: Exception) -> BaseException:
+        return self._storage_error(exc) if isinstance(exc, _disk_errors) else exc
+
+    def _aborted_error(self, cause: BaseException) -> StorageError:
+        """The error for a job whose work was rolled back with its whole transaction."""
+        if isinstance(cause, StorageCrashed):
+            return StorageCrashed(str(cause))
+        if isinstance(cause, apsw.Error):
+            # A failed COMMIT (or BEGIN-time failure): every job gets the typed I/O error.
+            return self._storage_error(cause)
+        error = BatchAborted(f"the shared transaction was rolled back: {cause}")
+        error.__cause__ = cause
+        return error
+
+
+def _abandon(connection: apsw.Connection) -> None:
+    """Close without commit and without checkpoint: what a process crash leaves behind."""
+    try:
+        connection.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+        connection.close(True)
+    except apsw.Error:
+        # A crash abandons the connection whatever state it is in.
+        pass
+
+
+def _close_connections(readers: list[apsw.Connection], writer: apsw.Connection | None) -> None:
+    # Readers first, so the writer closes last and checkpoints the WAL into the database.
+    for reader in readers:
+        reader.close(True)
+    if writer is not None:
+        writer.close(True)
+
+
+@asynccontextmanager
+async def open_engine(env: Any, **options: Any) -> AsyncIterator[Engine]:
+    """``Engine.open`` with a nursery of its own; closes the engine (shielded) on exit."""
+    async with trio.open_nursery() as nursery:
+        engine = await Engine.open(env, nursery=nursery, **options)
+        try:
+            yield engine
+        finally:
+            with trio.CancelScope(shield=True):
+                await engine.aclose()

@@ -1,0 +1,89 @@
+"""Durable reminders: timers that survive restarts, stored per actor with a wall-clock due time.
+
+Why: pace idle timeouts, goal reminders, claim expiry and webhook retries must fire even if the
+process restarts in between; the runtime re-arms them from this table.  Due times are wall
+clock (``Env.clock.wall()``) because monotonic time does not survive a restart.  Trade-off:
+wall time can jump; callers treat a reminder as "due no earlier than", and the order of due
+reminders is made total by (due_wall, kind, key, name) so that firing order is deterministic.
+``attempts`` counts deliveries so a reminder that keeps failing can be given up on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from ._codec import decode, encode
+
+reminders_due_limit_max = 10_000
+
+
+@dataclass(frozen=True)
+class Reminder:
+    kind: str
+    key: str
+    name: str
+    due_wall: float
+    payload: Any
+    attempts: int
+
+
+_columns = "kind, key, name, due_wall, payload, attempts"
+
+
+def _reminder(row: tuple) -> Reminder:
+    kind, key, name, due_wall, payload, attempts = row
+    return Reminder(kind, key, name, float(due_wall), decode(payload), int(attempts))
+
+
+def reminder_set(
+    connection: apsw.Connection, kind: str, key: str, name: str, due_wall: float, payload: Any
+) -> None:
+    """Create or replace the reminder ``name`` of the actor; replacing resets ``attempts``."""
+    connection.execute(
+        "INSERT INTO reminders (kind, key, name, due_wall, payload, attempts) "
+        "VALUES (?, ?, ?, ?, ?, 0) ON CONFLICT (kind, key, name) DO UPDATE SET "
+        "due_wall = excluded.due_wall, payload = excluded.payload, attempts = 0",
+        (kind, key, name, float(due_wall), encode(payload)),
+    )
+
+
+def reminder_delete(connection: apsw.Connection, kind: str, key: str, name: str) -> bool:
+    """Remove the reminder; return whether it existed."""
+    connection.execute(
+        "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ?", (kind, key, name)
+    )
+    return connection.changes() > 0
+
+
+def reminders_due(connection: apsw.Connection, before_wall: float, limit: int) -> list[Reminder]:
+    """Reminders with ``due_wall <= before_wall``, oldest first, ties broken by identity."""
+    if not 0 < limit <= reminders_due_limit_max:
+        raise ValueError(f"limit must be in 1..{reminders_due_limit_max}, got {limit}")
+    rows = connection.execute(
+        f"SELECT {_columns} FROM reminders WHERE due_wall <= ? "
+        "ORDER BY due_wall, kind, key, name LIMIT ?",
+        (float(before_wall), limit),
+    )
+    return [_reminder(row) for row in rows]
+
+
+def reminders_for(connection: apsw.Connection, kind: str, key: str) -> list[Reminder]:
+    """All reminders of one actor, in due order (for re-arming on activation)."""
+    rows = connection.execute(
+        f"SELECT {_columns} FROM reminders WHERE kind = ? AND key = ? ORDER BY due_wall, name",
+        (kind, key),
+    )
+    return [_reminder(row) for row in rows]
+
+
+def reminder_attempt(connection: apsw.Connection, kind: str, key: str, name: str) -> int:
+    """Count one delivery attempt; return the new count (0 if the reminder does not exist)."""
+    row = connection.execute(
+        "UPDATE reminders SET attempts = attempts + 1 "
+        "WHERE kind = ? AND key = ? AND name = ? RETURNING attempts",
+        (kind, key, name),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
