@@ -1,1 +1,43 @@
-"""troupe.retrieval."""
+"""troupe.retrieval: hybrid recall (BM25 + vectors + RRF + time windows) for every surface."""
+
+from ._conversation import ConversationTurn, conversation_items
+from ._exceptions import DuplicateItem, EmbedderMismatch, InvalidTimeWindow, RetrievalError
+from ._filters import RecallFilter
+from ._fusion import RankedList, reciprocal_rank_fusion
+from ._memory_index import (
+    Database,
+    MemoryIndex,
+    MemoryItem,
+    RecallHit,
+    RecallResult,
+    RecallSettings,
+)
+from ._query import text_query
+from ._schema import apply_schema, connection_setup, retrieval_migrations
+from ._time_window import TimeWindow, parse_time_window
+from ._tokenizer import register_tokenizer
+
+__all__ = [
+    "ConversationTurn",
+    "Database",
+    "DuplicateItem",
+    "EmbedderMismatch",
+    "InvalidTimeWindow",
+    "MemoryIndex",
+    "MemoryItem",
+    "RankedList",
+    "RecallFilter",
+    "RecallHit",
+    "RecallResult",
+    "RecallSettings",
+    "RetrievalError",
+    "TimeWindow",
+    "apply_schema",
+    "connection_setup",
+    "conversation_items",
+    "parse_time_window",
+    "reciprocal_rank_fusion",
+    "register_tokenizer",
+    "retrieval_migrations",
+    "text_query",
+]

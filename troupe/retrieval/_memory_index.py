@@ -1,0 +1,489 @@
+"""``MemoryIndex``: hybrid recall over one storage engine, shared by every surface.
+
+Why it exists: the host, character and knowledge surfaces all recall memories the same way —
+full-text BM25 over a Chinese/English index, cosine similarity over embeddings, fused by
+reciprocal rank, restricted by tenant, scope, kind, visibility and tombstones, and routed by
+the ``character`` contract's rules for query and time.  This facade owns the in-memory caches
+(facet bitmaps, the usearch graph) and runs the SQL layer (``_store``) through the engine's
+``write``/``read``, so SQLite stays the only source of truth.
+
+Routing (``recall``):
+
+=====================  ===============================================================
+query only             hybrid: BM25 lists + vector list, fused with RRF
+query + valid time     hard filter to the time window, then hybrid
+time only              the window's items first, then by distance to the window
+neither                empty result
+invalid time + query   the time is ignored (``time_ignored``), hybrid on the query
+=====================  ===============================================================
+
+When the embedder is missing or not ready, recall is BM25 only and the result says
+``degraded="embedder_unavailable"``; adding items still works and ``embed_pending`` fills in
+their vectors later (also the path for re-embedding after a model change: vectors are stored
+per embedder fingerprint, and recall uses only those of the current one).
+
+Trade-offs: the caches are rebuilt at open (bitmaps from ``retrieval_items``; the graph from
+its file plus everything written after the file's high-water mark, or from scratch), which
+costs seconds per million items at start-up and keeps every query free of SQL filtering.
+One ``MemoryIndex`` must own a database's retrieval tables: the caches are updated only by
+writes made through it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol, TypeVar
+
+import apsw
+import numpy
+from pyroaring import BitMap
+
+from troupe.models._embedder import Embedder
+
+from . import _store
+from ._exceptions import EmbedderMismatch, InvalidTimeWindow
+from ._filters import FacetBitmaps, RecallFilter
+from ._fusion import RankedList, reciprocal_rank_fusion, rrf_rank_constant_default
+from ._query import text_query
+from ._time_window import (
+    TimeWindow,
+    datetime_from_seconds,
+    parse_time_window,
+    seconds_from_datetime,
+)
+from ._time_words import time_words
+from ._vector_index import VectorIndex
+
+recall_limit_max = 200
+recall_candidate_depth_max = 1000
+recall_query_characters_max = 4000
+vector_catch_up_batch_items = 20_000
+embed_batch_items = 256
+add_batch_items_max = 10_000
+
+assert recall_limit_max <= recall_candidate_depth_max
+
+Result = TypeVar("Result")
+Route = Literal["hybrid", "time", "empty"]
+
+
+class Database(Protocol):
+    """The two calls recall needs from ``troupe.storage.Engine``."""
+
+    async def write(self, function: Callable[[apsw.Connection], Result]) -> Result: ...
+
+    async def read(self, function: Callable[[apsw.Connection], Result]) -> Result: ...
+
+
+@dataclass(frozen=True)
+class RecallSettings:
+    """Knobs of hybrid recall.  Weights are RRF list weights; depth is per list."""
+
+    candidate_depth: int = 100
+    rank_constant: float = rrf_rank_constant_default
+    text_weight: float = 1.0
+    context_weight: float = 0.7
+    vector_weight: float = 1.0
+    # Index-time: how much of an item's conversational context is mixed into its vector.
+    context_vector_weight: float = 0.5
+    # Columns of the "text" list (message and its time words; not its context).
+    text_column_weights: tuple[float, float, float] = (1.0, 0.0, 0.5)
+    context_column_weights: tuple[float, float, float] = _store.text_column_weights_default
+
+    def __post_init__(self) -> None:
+        assert 0 < self.candidate_depth <= recall_candidate_depth_max
+        assert min(self.text_weight, self.context_weight, self.vector_weight) >= 0.0
+        assert self.context_vector_weight >= 0.0
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One memory to index.  ``key`` is the caller's id; ``context`` is text around it (for a
+    chat message: its neighbouring turns) that helps find it without being it."""
+
+    key: str
+    text: str
+    tenant: str
+    created_at: datetime.datetime
+    scope: str = ""
+    kind: str = ""
+    visibility: frozenset[str] = frozenset()
+    event_start: datetime.datetime | None = None
+    event_end: datetime.datetime | None = None
+    context: str = ""
+
+
+@dataclass(frozen=True)
+class RecallHit:
+    key: str
+    text: str
+    score: float | None
+    scope: str
+    kind: str
+    created_at: datetime.datetime
+    event_start: datetime.datetime | None
+    event_end: datetime.datetime | None
+    ranks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    hits: list[RecallHit]
+    route: Route
+    degraded: str | None = None
+    candidates_total: int = 0
+    time_window: TimeWindow | None = None
+    time_ignored: bool = False
+
+
+def _optional_seconds(moment: datetime.datetime | None) -> float | None:
+    return None if moment is None else seconds_from_datetime(moment)
+
+
+def _optional_datetime(seconds: float | None) -> datetime.datetime | None:
+    return None if seconds is None else datetime_from_seconds(seconds)
+
+
+def _item_row(item: MemoryItem) -> _store.ItemRow:
+    assert item.key and item.tenant is not None
+    return _store.ItemRow(
+        key=item.key,
+        tenant=item.tenant,
+        scope=item.scope,
+        kind=item.kind,
+        visibility=frozenset(item.visibility),
+        text=item.text,
+        context=item.context,
+        time_words=time_words(item.event_start or item.created_at),
+        created_at=seconds_from_datetime(item.created_at),
+        event_start=_optional_seconds(item.event_start),
+        event_end=_optional_seconds(item.event_end),
+    )
+
+
+class MemoryIndex:
+    """Hybrid recall over a ``Database``; open with ``await MemoryIndex.open(...)``."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        embedder: Embedder | None,
+        vector_path: str | None,
+        settings: RecallSettings,
+    ) -> None:
+        self._database = database
+        self._embedder = embedder
+        self._vector_path = vector_path
+        self.settings = settings
+        self._bitmaps = FacetBitmaps()
+        self._vectors: VectorIndex | None = None
+        self.vector_fingerprint = (
+            None
+            if embedder is None
+            else f"{embedder.fingerprint}|context{settings.context_vector_weight:g}"
+        )
+        self.vector_index_rebuilt = False
+
+    @classmethod
+    async def open(
+        cls,
+        database: Database,
+        *,
+        embedder: Embedder | None = None,
+        vector_path: str | None = None,
+        settings: RecallSettings | None = None,
+    ) -> MemoryIndex:
+        """Loads the caches: facet bitmaps, then the vector graph (caught up or rebuilt)."""
+        index = cls(
+            database,
+            embedder=embedder,
+            vector_path=vector_path,
+            settings=settings or RecallSettings(),
+        )
+        rows = await database.read(lambda connection: list(_store.facet_rows(connection)))
+        for row in rows:
+            index._bitmaps.add_row(*row)
+        if embedder is not None:
+            await index._open_vectors(embedder)
+        return index
+
+    # -- vectors: cache management ---------------------------------------------------------
+
+    async def _open_vectors(self, embedder: Embedder) -> None:
+        fingerprint = self.vector_fingerprint
+        assert fingerprint is not None
+        loaded = None
+        if self._vector_path is not None:
+            loaded = VectorIndex.load(self._vector_path, embedder.dimensions, fingerprint)
+        count, highest = await self._database.read(
+            lambda connection: _store.vector_summary(connection, fingerprint)
+        )
+        if loaded is not None and loaded.high_water_sequence <= highest:
+            await self._catch_up(loaded, fingerprint)
+            loaded.remove(list(self._bitmaps.deleted))
+            if len(loaded) == count:
+                self._vectors = loaded
+                return
+        # Missing, unreadable, of another space, ahead of the tables or inconsistent: rebuild.
+        rebuilt = VectorIndex(embedder.dimensions, fingerprint)
+        await self._catch_up(rebuilt, fingerprint)
+        self._vectors = rebuilt
+        self.vector_index_rebuilt = True
+
+    async def _catch_up(self, vectors: VectorIndex, fingerprint: str) -> None:
+        while True:
+            rows = await self._database.read(
+                lambda connection, after=vectors.high_water_sequence: list(
+                    _store.vectors_after(
+                        connection, fingerprint, after, limit=vector_catch_up_batch_items
+                    )
+                )
+            )
+            if not rows:
+                return
+            ids = numpy.fromiter((row[0] for row in rows), dtype=numpy.uint64, count=len(rows))
+            matrix = numpy.frombuffer(b"".join(row[2] for row in rows), dtype=numpy.float32)
+            matrix = matrix.reshape(len(rows), vectors.dimensions)
+            live = numpy.array([int(i) not in self._bitmaps.deleted for i in ids], dtype=bool)
+            vectors.upsert(ids[live], matrix[live])
+            vectors.high_water_sequence = rows[-1][1]
+
+    def save_vectors(self) -> None:
+        """Writes the vector graph and its high-water mark (call at shutdown or periodically)."""
+        if self._vectors is not None and self._vector_path is not None:
+            self._vectors.save(self._vector_path)
+
+    def embedder_ready(self) -> bool:
+        return self._embedder is not None and self._vectors is not None and self._embedder.ready()
+
+    async def _embed_items(self, texts: Sequence[str], contexts: Sequence[str]) -> numpy.ndarray:
+        assert self._embedder is not None
+        vectors = await self._embedder.embed(list(texts), purpose="document")
+        weight = self.settings.context_vector_weight
+        with_context = [index for index, context in enumerate(contexts) if context]
+        if weight > 0.0 and with_context:
+            context_vectors = await self._embedder.embed(
+                [contexts[index] for index in with_context], purpose="document"
+            )
+            vectors = numpy.array(vectors, dtype=numpy.float32)
+            vectors[with_context] += weight * context_vectors
+        vectors = numpy.asarray(vectors, dtype=numpy.float32)
+        if vectors.shape != (len(texts), self._embedder.dimensions):
+            raise EmbedderMismatch(f"embedder returned shape {vectors.shape}")
+        norms = numpy.linalg.norm(vectors, axis=1, keepdims=True)
+        norms[norms == 0.0] = 1.0
+        return vectors / norms
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def add(self, items: Sequence[MemoryItem]) -> list[int]:
+        """Indexes items (text, facets, times and, when the embedder is ready, vectors)
+        in one transaction; returns their internal ids."""
+        assert len(items) <= add_batch_items_max
+        rows = [_item_row(item) for item in items]
+        vectors = None
+        if self.embedder_ready():
+            vectors = await self._embed_items(
+                [item.text for item in items], [item.context for item in items]
+            )
+        fingerprint = self.vector_fingerprint
+
+        def write(connection: apsw.Connection) -> tuple[list[int], int]:
+            ids = _store.insert_items(connection, rows)
+            sequence = 0
+            if vectors is not None:
+                assert fingerprint is not None
+                sequence = _store.store_vectors(connection, ids, vectors, fingerprint)
+            return ids, sequence
+
+        ids, sequence = await self._database.write(write)
+        for item_id, row in zip(ids, rows, strict=True):
+            self._bitmaps.add(item_id, row.tenant, row.scope, row.kind, row.visibility)
+        if vectors is not None and self._vectors is not None:
+            self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64), vectors)
+            self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
+        return ids
+
+    async def embed_pending(self, batch_items: int = embed_batch_items) -> int:
+        """Embeds up to ``batch_items`` items that lack a vector of the current embedder;
+        returns how many were embedded (0 when there is nothing to do or no embedder)."""
+        if not self.embedder_ready():
+            return 0
+        fingerprint = self.vector_fingerprint
+        assert fingerprint is not None
+        pending = await self._database.read(
+            lambda connection: _store.items_without_vectors(connection, fingerprint, batch_items)
+        )
+        if not pending:
+            return 0
+        vectors = await self._embed_items([row[1] for row in pending], [row[2] for row in pending])
+        ids = [row[0] for row in pending]
+        sequence = await self._database.write(
+            lambda connection: _store.store_vectors(connection, ids, vectors, fingerprint)
+        )
+        live = [index for index, item_id in enumerate(ids) if item_id not in self._bitmaps.deleted]
+        assert self._vectors is not None
+        self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64)[live], vectors[live])
+        self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
+        return len(pending)
+
+    async def delete(self, keys: Sequence[str]) -> int:
+        """Deletes items for good: they are never returned again, by any path."""
+        ids = await self._database.write(lambda connection: _store.delete_items(connection, keys))
+        self._bitmaps.deleted.update(ids)
+        if self._vectors is not None:
+            self._vectors.remove(ids)
+        return len(ids)
+
+    async def forget(self, keys: Sequence[str], *, forgotten: bool = True) -> int:
+        """Marks items forgotten (hidden unless a filter includes forgotten ones), or not."""
+        ids = await self._database.write(
+            lambda connection: _store.set_forgotten(connection, keys, forgotten)
+        )
+        if forgotten:
+            self._bitmaps.forgotten.update(ids)
+        else:
+            self._bitmaps.forgotten.difference_update(ids)
+        return len(ids)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def recall(
+        self,
+        query: str | None = None,
+        *,
+        time: str | None = None,
+        recall_filter: RecallFilter,
+        limit: int = 10,
+        settings: RecallSettings | None = None,
+        query_vector: numpy.ndarray | None = None,
+    ) -> RecallResult:
+        """Routes and runs one recall (see the module docstring for the routing table).
+
+        ``query_vector`` lets a caller that already embedded the query (or times embedding
+        separately) skip the embedder call.
+        """
+        assert 0 < limit <= recall_limit_max
+        settings = settings or self.settings
+        query = (query or "").strip()[:recall_query_characters_max]
+        window = None
+        time_invalid = False
+        if time is not None and time.strip():
+            try:
+                window = parse_time_window(time)
+            except InvalidTimeWindow:
+                time_invalid = True
+        if not query:
+            if window is None:
+                return RecallResult([], "empty", time_ignored=time_invalid)
+            return await self._recall_by_time(window, recall_filter, limit)
+        allowed = self._bitmaps.allowed(recall_filter)
+        if window is not None:
+            tenant, start, end = recall_filter.tenant, window.start_seconds, window.end_seconds
+            allowed &= await self._database.read(
+                lambda connection: _store.time_window_ids(connection, tenant, start, end)
+            )
+        result = await self._recall_hybrid(query, allowed, limit, settings, query_vector)
+        return replace(result, time_window=window, time_ignored=time_invalid)
+
+    async def _recall_by_time(
+        self, window: TimeWindow, recall_filter: RecallFilter, limit: int
+    ) -> RecallResult:
+        allowed = self._bitmaps.allowed(recall_filter)
+        tenant, start, end = recall_filter.tenant, window.start_seconds, window.end_seconds
+        found = await self._database.read(
+            lambda connection: _store.time_ordered_ids(
+                connection, tenant, start, end, allowed=allowed, limit=limit
+            )
+        )
+        rows = await self._database.read(
+            lambda connection: _store.fetch_items(connection, [item_id for item_id, _ in found])
+        )
+        hits = [self._hit(rows[item_id], None, {}) for item_id, _ in found if item_id in rows]
+        return RecallResult(hits, "time", candidates_total=len(hits), time_window=window)
+
+    async def _recall_hybrid(
+        self,
+        query: str,
+        allowed: BitMap,
+        limit: int,
+        settings: RecallSettings,
+        query_vector: numpy.ndarray | None,
+    ) -> RecallResult:
+        depth = max(settings.candidate_depth, limit)
+        lists: list[RankedList] = []
+        parsed = text_query(query)
+        corpus_items = self._bitmaps.highest_id
+        if not parsed.is_empty and allowed:
+            text_match = parsed.match_expression()
+
+            def search(connection: apsw.Connection) -> tuple[list[int], list[int]]:
+                text_ids = context_ids = []
+                if settings.text_weight > 0.0:
+                    text_ids = _store.text_search(
+                        connection,
+                        text_match,
+                        allowed=allowed,
+                        depth=depth,
+                        column_weights=settings.text_column_weights,
+                        corpus_items=corpus_items,
+                    )
+                if settings.context_weight > 0.0:
+                    context_ids = _store.text_search(
+                        connection,
+                        text_match,
+                        allowed=allowed,
+                        depth=depth,
+                        column_weights=settings.context_column_weights,
+                        corpus_items=corpus_items,
+                    )
+                return text_ids, context_ids
+
+            text_ids, context_ids = await self._database.read(search)
+            lists.append(RankedList("text", text_ids, settings.text_weight))
+            lists.append(RankedList("context", context_ids, settings.context_weight))
+        degraded = None
+        if not self.embedder_ready():
+            degraded = "embedder_unavailable"
+        elif allowed and settings.vector_weight > 0.0:
+            assert self._embedder is not None and self._vectors is not None
+            if query_vector is None:
+                query_vector = (await self._embedder.embed([query], purpose="query"))[0]
+            nearest = self._vectors.search(query_vector, depth, allowed=allowed)
+            lists.append(
+                RankedList("vector", [item_id for item_id, _ in nearest], settings.vector_weight)
+            )
+        fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
+        top = fused[:limit]
+        rows = await self._database.read(
+            lambda connection: _store.fetch_items(connection, [item_id for item_id, _ in top])
+        )
+        positions = {
+            entry.name: {key: rank for rank, key in reversed(list(enumerate(entry.keys, 1)))}
+            for entry in lists
+        }
+        hits = []
+        for item_id, score in top:
+            row = rows.get(item_id)
+            if row is None or item_id not in allowed:  # deleted between the two reads
+                continue
+            ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
+            hits.append(self._hit(row, score, ranks))
+        return RecallResult(hits, "hybrid", degraded=degraded, candidates_total=len(fused))
+
+    @staticmethod
+    def _hit(row: _store.ItemRow, score: float | None, ranks: dict[str, int]) -> RecallHit:
+        return RecallHit(
+            key=row.key,
+            text=row.text,
+            score=score,
+            scope=row.scope,
+            kind=row.kind,
+            created_at=datetime_from_seconds(row.created_at),
+            event_start=_optional_datetime(row.event_start),
+            event_end=_optional_datetime(row.event_end),
+            ranks=ranks,
+        )

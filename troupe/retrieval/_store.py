@@ -1,0 +1,338 @@
+"""The SQL half of recall: plain synchronous functions over one ``apsw.Connection``.
+
+Why it exists: SQLite is the source of truth for every memory — its text, facets, times,
+tombstones and vectors — and everything in memory (bitmaps, the usearch graph) is a cache
+rebuilt from these tables.  Keeping the SQL in sync functions over a connection lets the
+storage engine run them inside its transactions (``engine.write(fn)`` / ``engine.read(fn)``)
+and lets tests run them on a bare connection.
+
+Trade-offs: the FTS5 table is contentless (``content=''``, ``contentless_delete=1``): the text
+lives once, in ``retrieval_items``, and the index cannot return it, so hits are joined back by
+id.  Deleting an item blanks its text and context and removes its index rows and vector, but
+keeps a tombstone row so that its id is never reused and a stale vector file cannot bring it
+back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import apsw
+import numpy
+from pyroaring import BitMap
+
+from ._exceptions import DuplicateItem
+from ._tokenizer import fts5_tokenize_spec
+
+# bm25() column weights for (text, context, when): the message itself counts most; the
+# conversation around it and its date in words help find it but must not outrank it.
+text_column_weights_default = (1.0, 0.35, 0.5)
+text_search_rows_max = 200_000
+
+schema_sql = f"""
+CREATE TABLE retrieval_items(
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    visibility TEXT NOT NULL,
+    text TEXT NOT NULL,
+    context TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    event_start REAL,
+    event_end REAL,
+    time_start REAL NOT NULL,
+    time_end REAL NOT NULL,
+    forgotten INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX retrieval_items_tenant_time ON retrieval_items(tenant, time_start);
+CREATE VIRTUAL TABLE retrieval_text USING fts5(
+    text, context, time_words,
+    content='', contentless_delete=1,
+    tokenize='{fts5_tokenize_spec}'
+);
+CREATE TABLE retrieval_vectors(
+    item_id INTEGER PRIMARY KEY REFERENCES retrieval_items(id),
+    fingerprint TEXT NOT NULL,
+    sequence INTEGER NOT NULL UNIQUE,
+    vector BLOB NOT NULL
+) STRICT;
+"""
+
+# Visibility is stored as the entry names joined by this separator ('' = every entry).
+visibility_separator = "\x1f"
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    """One ``retrieval_items`` row, as the facade writes and reads it."""
+
+    key: str
+    tenant: str
+    scope: str
+    kind: str
+    visibility: frozenset[str]
+    text: str
+    context: str
+    time_words: str
+    created_at: float
+    event_start: float | None
+    event_end: float | None
+    id: int | None = None
+    forgotten: bool = False
+    deleted: bool = False
+
+    @property
+    def time_start(self) -> float:
+        return self.event_start if self.event_start is not None else self.created_at
+
+    @property
+    def time_end(self) -> float:
+        if self.event_end is not None:
+            return max(self.event_end, self.time_start)
+        return self.time_start
+
+
+def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[int]:
+    """Inserts items and their text index rows; returns the new ids in order."""
+    ids = []
+    for row in rows:
+        try:
+            connection.execute(
+                "INSERT INTO retrieval_items(key, tenant, scope, kind, visibility, text, context,"
+                " created_at, event_start, event_end, time_start, time_end)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    row.key,
+                    row.tenant,
+                    row.scope,
+                    row.kind,
+                    visibility_separator.join(sorted(row.visibility)),
+                    row.text,
+                    row.context,
+                    row.created_at,
+                    row.event_start,
+                    row.event_end,
+                    row.time_start,
+                    row.time_end,
+                ),
+            )
+        except apsw.ConstraintError as exc:
+            raise DuplicateItem(row.key) from exc
+        item_id = connection.last_insert_rowid()
+        connection.execute(
+            "INSERT INTO retrieval_text(rowid, text, context, time_words) VALUES (?,?,?,?)",
+            (item_id, row.text, row.context, row.time_words),
+        )
+        ids.append(item_id)
+    return ids
+
+
+def ids_for_keys(connection: apsw.Connection, keys: Iterable[str]) -> dict[str, int]:
+    found = {}
+    for key in keys:
+        for (item_id,) in connection.execute(
+            "SELECT id FROM retrieval_items WHERE key = ? AND deleted = 0", (key,)
+        ):
+            found[key] = item_id
+    return found
+
+
+def delete_items(connection: apsw.Connection, keys: Iterable[str]) -> list[int]:
+    """Tombstones items: text blanked, index rows and vectors removed, id never reused."""
+    ids = list(ids_for_keys(connection, keys).values())
+    for item_id in ids:
+        connection.execute("DELETE FROM retrieval_text WHERE rowid = ?", (item_id,))
+        connection.execute("DELETE FROM retrieval_vectors WHERE item_id = ?", (item_id,))
+        connection.execute(
+            "UPDATE retrieval_items SET deleted = 1, text = '', context = '' WHERE id = ?",
+            (item_id,),
+        )
+    return ids
+
+
+def set_forgotten(connection: apsw.Connection, keys: Iterable[str], forgotten: bool) -> list[int]:
+    ids = list(ids_for_keys(connection, keys).values())
+    for item_id in ids:
+        connection.execute(
+            "UPDATE retrieval_items SET forgotten = ? WHERE id = ?", (int(forgotten), item_id)
+        )
+    return ids
+
+
+def facet_rows(connection: apsw.Connection) -> Iterator[tuple[int, str, str, str, str, int, int]]:
+    """``(id, tenant, scope, kind, visibility, forgotten, deleted)`` for every item."""
+    yield from connection.execute(
+        "SELECT id, tenant, scope, kind, visibility, forgotten, deleted FROM retrieval_items"
+    )
+
+
+def text_search(
+    connection: apsw.Connection,
+    match_expression: str,
+    *,
+    allowed: BitMap | None,
+    depth: int,
+    column_weights: tuple[float, float, float] = text_column_weights_default,
+    corpus_items: int = 0,
+) -> list[int]:
+    """Ids of the best ``depth`` bm25 matches that are in ``allowed`` (all when ``None``).
+
+    FTS5 cannot filter by a bitmap, so this over-fetches: the first fetch is sized by how
+    selective the filter is, and grows eightfold until ``depth`` allowed hits are found or the
+    matches run out.
+    """
+    assert depth > 0
+    if allowed is not None and len(allowed) == 0:
+        return []
+    limit = depth
+    if allowed is not None:
+        selectivity = len(allowed) / max(corpus_items, len(allowed), 1)
+        limit = min(text_search_rows_max, int(depth / max(selectivity, 1e-6) * 1.5) + depth)
+    sql = (
+        "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?"
+        " ORDER BY bm25(retrieval_text, ?, ?, ?) LIMIT ?"
+    )
+    while True:
+        rows = [
+            item_id
+            for (item_id,) in connection.execute(sql, (match_expression, *column_weights, limit))
+        ]
+        hits = rows if allowed is None else [item_id for item_id in rows if item_id in allowed]
+        if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
+            return hits[:depth]
+        limit = min(text_search_rows_max, limit * 8)
+
+
+def time_window_ids(connection: apsw.Connection, tenant: str, start: float, end: float) -> BitMap:
+    """Ids of the tenant's items whose time interval overlaps ``[start, end)``."""
+    return BitMap(
+        item_id
+        for (item_id,) in connection.execute(
+            "SELECT id FROM retrieval_items WHERE tenant = ? AND time_start < ? AND time_end >= ?",
+            (tenant, end, start),
+        )
+    )
+
+
+def time_ordered_ids(
+    connection: apsw.Connection,
+    tenant: str,
+    start: float,
+    end: float,
+    *,
+    allowed: BitMap,
+    limit: int,
+) -> list[tuple[int, float]]:
+    """The tenant's allowed items nearest to ``[start, end)``: ``(id, distance seconds)``.
+
+    Items overlapping the window come first (distance 0), then by distance to its nearer
+    edge; ties go to the later item, since recent memories are the likelier referent.
+    """
+    rows = connection.execute(
+        "SELECT id, MAX(0.0, time_start - ?, ? - time_end) AS distance FROM retrieval_items"
+        " WHERE tenant = ? AND deleted = 0 ORDER BY distance, time_start DESC, id DESC",
+        (end, start, tenant),
+    )
+    found = []
+    for item_id, distance in rows:
+        if item_id in allowed:
+            found.append((item_id, distance))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def fetch_items(connection: apsw.Connection, ids: Sequence[int]) -> dict[int, ItemRow]:
+    found = {}
+    for item_id in ids:
+        for row in connection.execute(
+            "SELECT id, key, tenant, scope, kind, visibility, text, context, created_at,"
+            " event_start, event_end, forgotten, deleted FROM retrieval_items WHERE id = ?",
+            (item_id,),
+        ):
+            found[item_id] = ItemRow(
+                id=row[0],
+                key=row[1],
+                tenant=row[2],
+                scope=row[3],
+                kind=row[4],
+                visibility=frozenset(filter(None, row[5].split(visibility_separator))),
+                text=row[6],
+                context=row[7],
+                time_words="",
+                created_at=row[8],
+                event_start=row[9],
+                event_end=row[10],
+                forgotten=bool(row[11]),
+                deleted=bool(row[12]),
+            )
+    return found
+
+
+def store_vectors(
+    connection: apsw.Connection, ids: Sequence[int], vectors: numpy.ndarray, fingerprint: str
+) -> int:
+    """Stores (or replaces) vectors; returns the sequence number of the last one written.
+
+    Every write takes a fresh, increasing sequence number: the vector file records the
+    highest one it holds, and catching up means reading everything above it.
+    """
+    assert len(ids) == len(vectors)
+    (sequence,) = connection.execute(
+        "SELECT COALESCE(MAX(sequence), 0) FROM retrieval_vectors"
+    ).fetchone()
+    live = {
+        item_id
+        for item_id in ids
+        for (_,) in connection.execute(
+            "SELECT 1 FROM retrieval_items WHERE id = ? AND deleted = 0", (item_id,)
+        )
+    }
+    for item_id, vector in zip(ids, vectors, strict=True):
+        if item_id not in live:
+            continue  # deleted while it was being embedded: never store it
+        sequence += 1
+        connection.execute(
+            "INSERT OR REPLACE INTO retrieval_vectors(item_id, fingerprint, sequence, vector)"
+            " VALUES (?,?,?,?)",
+            (item_id, fingerprint, sequence, numpy.asarray(vector, dtype=numpy.float32).tobytes()),
+        )
+    return sequence
+
+
+def vectors_after(
+    connection: apsw.Connection, fingerprint: str, sequence: int, *, limit: int
+) -> Iterator[tuple[int, int, bytes]]:
+    """``(item_id, sequence, vector bytes)`` of this fingerprint written after ``sequence``."""
+    yield from connection.execute(
+        "SELECT item_id, sequence, vector FROM retrieval_vectors"
+        " WHERE sequence > ? AND fingerprint = ? ORDER BY sequence LIMIT ?",
+        (sequence, fingerprint, limit),
+    )
+
+
+def vector_summary(connection: apsw.Connection, fingerprint: str) -> tuple[int, int]:
+    """``(count, highest sequence)`` of the stored vectors of this fingerprint."""
+    count, highest = connection.execute(
+        "SELECT COUNT(*), COALESCE(MAX(sequence), 0) FROM retrieval_vectors WHERE fingerprint = ?",
+        (fingerprint,),
+    ).fetchone()
+    return count, highest
+
+
+def items_without_vectors(
+    connection: apsw.Connection, fingerprint: str, limit: int
+) -> list[tuple[int, str, str]]:
+    """Live items with no vector of this fingerprint: ``(id, text, context)``, oldest first."""
+    return list(
+        connection.execute(
+            "SELECT i.id, i.text, i.context FROM retrieval_items i"
+            " LEFT JOIN retrieval_vectors v ON v.item_id = i.id AND v.fingerprint = ?"
+            " WHERE i.deleted = 0 AND v.item_id IS NULL ORDER BY i.id LIMIT ?",
+            (fingerprint, limit),
+        )
+    )
