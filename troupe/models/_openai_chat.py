@@ -19,9 +19,8 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
 from ._exceptions import (
@@ -42,6 +41,9 @@ from ._retry import (
     default_clock,
     default_jitter,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 environment_base_url = "TROUPE_MODEL_BASE_URL"
 environment_api_key = "TROUPE_MODEL_API_KEY"

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy
 
 from ._exceptions import ModelConfigurationError, ModelResponseInvalid
@@ -32,6 +31,8 @@ from ._retry import (
 )
 
 if TYPE_CHECKING:
+    import httpx
+
     from ._embedder import EmbeddingPurpose
 
 batch_texts_max_default = 64

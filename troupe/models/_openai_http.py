@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import (
     ModelConfigurationError,
@@ -23,6 +21,9 @@ from ._exceptions import (
     ModelUnavailable,
     ProviderError,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 # Reading an error body is diagnostics; never let a misbehaving server feed us megabytes.
 error_body_bytes_max = 16_384
@@ -55,6 +56,7 @@ class OpenAIEndpoint:
             raise ModelConfigurationError("an OpenAI-compatible provider needs a base URL")
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
+        httpx = _import_httpx()
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient()
         self._timeout = httpx.Timeout(request_timeout_seconds)
@@ -88,6 +90,7 @@ class OpenAIEndpoint:
         The body is not read yet, so a stream can be consumed incrementally; the response is
         closed when the context exits.
         """
+        httpx = _import_httpx()
         request = self._client.build_request(
             "POST", self.base_url + path, json=body, headers=self._headers(), timeout=self._timeout
         )
@@ -107,6 +110,18 @@ class OpenAIEndpoint:
             raise ModelUnavailable(f"{path}: {type(exc).__name__} while reading") from exc
         finally:
             await response.aclose()
+
+
+def _import_httpx() -> Any:
+    """httpx is imported when a provider is built, so that ``import troupe.models`` (and the
+    offline defaults) work on an install without it."""
+    try:
+        import httpx
+    except ImportError as exc:
+        raise ModelConfigurationError(
+            "OpenAI-compatible providers need httpx: pip install 'troupe[openai]'"
+        ) from exc
+    return httpx
 
 
 async def _read_limited(response: httpx.Response, bytes_max: int) -> bytes:
