@@ -6,8 +6,11 @@ clock, and delivers ``ReminderFired`` to the actor (activating it).  The row is 
 the actor's turn, after ``on_reminder`` returned, so a crash before that fires it again after
 the restart; a reminder whose turn crashes twice is poison, reported and dropped.
 
-Trade-off: reminders are matched on wall time, which can jump; the service re-reads the clock at
-least every ``wake_seconds_max`` so a jump delays or advances delivery by at most that much.
+Trade-off: reminders are matched on wall time, which can jump.  A forward jump fires what it
+skips over (at most ``wake_seconds_max`` late).  A backward jump must not hold back reminders
+that were already due, so the service never lets its notion of "now" go backward: it uses the
+highest wall time it has seen, persisted every ``high_water_persist_seconds`` so that a restart
+on a clock that went back does not delay reminders by more than that.
 """
 
 from __future__ import annotations
@@ -27,16 +30,26 @@ if TYPE_CHECKING:
 wake_seconds_max = 1.0
 """Longest sleep between wall-clock checks."""
 
+high_water_persist_seconds = 30.0
+"""How far the wall-clock high-water mark may advance before it is written to storage."""
+
+high_water_kind = "runtime"
+high_water_key = "reminders.wall_high_water"
+
 
 class ReminderService:
     def __init__(self, system: ActorSystem) -> None:
         self._system = system
         self._heap: list[tuple[float, str, str, str, float]] = []
-        """(fire_at, kind, key, name, due_wall): fire_at is later than due_wall after a retry."""
-        self._due: dict[tuple[str, str, str], float] = {}
+        """(fire_at, kind, key, name, due_wall), lazily deleted: an entry is live only while
+        ``_scheduled`` maps its address to the same (fire_at, due_wall)."""
+        self._scheduled: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._in_flight: set[tuple[str, str, str]] = set()
         self._changed = trio.Event()
         self._loaded_until = float("-inf")
+        self._wall_high_water = float("-inf")
+        self._high_water_monotonic = 0.0
+        self._wall_high_water_persisted = float("-inf")
         self.fired = 0
         self.poisoned = 0
 
@@ -54,13 +67,18 @@ class ReminderService:
 
         storage = self._require_storage()
         await storage.write(lambda connection: reminder_delete(connection, kind, key, name))
-        self._due.pop((kind, key, name), None)
+        self._scheduled.pop((kind, key, name), None)
 
     def arm(self, kind: str, key: str, name: str, due_wall: float) -> None:
+        address = (kind, key, name)
         if due_wall > self._loaded_until:
-            return  # beyond the horizon: the next scan loads it
-        self._due[(kind, key, name)] = due_wall
-        heapq.heappush(self._heap, (due_wall, kind, key, name, due_wall))
+            self._scheduled.pop(address, None)  # beyond the horizon: the next scan loads it
+            return
+        self._schedule(address, due_wall, due_wall)
+
+    def _schedule(self, address: tuple[str, str, str], fire_at: float, due_wall: float) -> None:
+        self._scheduled[address] = (fire_at, due_wall)
+        heapq.heappush(self._heap, (fire_at, *address, due_wall))
         self._changed.set()
 
     async def completed(self, kind: str, key: str, fired: ReminderFired) -> None:
@@ -74,8 +92,6 @@ class ReminderService:
             )
 
         await storage.write(delete)
-        if self._due.get((kind, key, fired.name)) == fired.due_wall:
-            del self._due[(kind, key, fired.name)]
 
     def _require_storage(self):
         storage = self._system.storage
@@ -89,25 +105,33 @@ class ReminderService:
         system = self._system
         clock = system.env.clock
         self._heap.clear()
-        self._due.clear()
+        self._scheduled.clear()
         self._in_flight.clear()
         self._loaded_until = float("-inf")
         async with trio.open_nursery() as nursery:
             limiter = trio.CapacityLimiter(_limits.reminder_deliveries_in_flight_max)
             if system.storage is not None:
-                await self._scan(clock.wall())
+                await self._load_high_water()
+                await self._scan(self.now())
             task_status.started()
             if system.storage is None:
                 await trio.sleep_forever()
             while True:
-                now = clock.wall()
+                now = self.now()
+                if now - self._wall_high_water_persisted >= high_water_persist_seconds:
+                    await self._persist_high_water(now)
                 if now >= self._loaded_until - _limits.reminder_retry_seconds:
                     await self._scan(now)
                 while self._heap and self._heap[0][0] <= now:
-                    _, kind, key, name, due_wall = heapq.heappop(self._heap)
+                    fire_at, kind, key, name, due_wall = heapq.heappop(self._heap)
                     address = (kind, key, name)
-                    if self._due.get(address) != due_wall or address in self._in_flight:
-                        continue  # superseded, cancelled or already being delivered
+                    if self._scheduled.get(address) != (fire_at, due_wall):
+                        continue  # superseded or cancelled
+                    if address in self._in_flight:
+                        # Set again during its own turn: fire once the running delivery ends.
+                        self._schedule(address, now + _limits.reminder_retry_seconds, due_wall)
+                        continue
+                    del self._scheduled[address]
                     self._in_flight.add(address)
                     nursery.start_soon(self._deliver, limiter, kind, key, name, due_wall)
                 delay = wake_seconds_max
@@ -116,6 +140,35 @@ class ReminderService:
                 self._changed = trio.Event()
                 with trio.move_on_after(delay):
                     await self._changed.wait()
+
+    def now(self) -> float:
+        """The wall clock, never going backward: after a backward jump it keeps advancing from
+        its high-water mark at the pace of the monotonic clock (see the module docstring)."""
+        clock = self._system.env.clock
+        monotonic = clock.monotonic()
+        advanced = self._wall_high_water + (monotonic - self._high_water_monotonic)
+        self._wall_high_water = max(clock.wall(), advanced)
+        self._high_water_monotonic = monotonic
+        return self._wall_high_water
+
+    async def _load_high_water(self) -> None:
+        from troupe.storage import state_get
+
+        stored = await self._system.storage.read(
+            lambda connection: state_get(connection, high_water_kind, high_water_key)
+        )
+        if stored is not None:
+            self._wall_high_water = max(self._wall_high_water, float(stored))
+        self._high_water_monotonic = self._system.env.clock.monotonic()
+        self._wall_high_water_persisted = self._wall_high_water
+
+    async def _persist_high_water(self, now: float) -> None:
+        from troupe.storage import state_put
+
+        await self._system.storage.write(
+            lambda connection: state_put(connection, high_water_kind, high_water_key, now)
+        )
+        self._wall_high_water_persisted = now
 
     async def _scan(self, now: float) -> None:
         from troupe.storage import reminders_due
@@ -126,9 +179,10 @@ class ReminderService:
         )
         for row in rows:
             address = (row.kind, row.key, row.name)
-            if self._due.get(address) != row.due_wall:
-                self._due[address] = row.due_wall
-                heapq.heappush(self._heap, (row.due_wall, row.kind, row.key, row.name, row.due_wall))
+            scheduled = self._scheduled.get(address)
+            if address in self._in_flight or (scheduled is not None and scheduled[1] == row.due_wall):
+                continue  # being delivered, or already scheduled for this due time
+            self._schedule(address, row.due_wall, row.due_wall)
         # A full batch means more may lie inside the horizon: scan again soon after them.
         if len(rows) >= _limits.reminder_batch_max:
             until = rows[-1].due_wall
@@ -145,7 +199,6 @@ class ReminderService:
                 rows = await system.storage.read(lambda connection: reminders_for(connection, kind, key))
                 payloads = [row.payload for row in rows if row.name == name and row.due_wall == due_wall]
                 if not payloads:
-                    self._due.pop(address, None)
                     return  # cancelled or replaced in storage
                 system.tracer.record("reminder_fire", kind, key, name=name)
                 self.fired += 1
@@ -161,10 +214,9 @@ class ReminderService:
             retry_after = _limits.reminder_retry_seconds
         finally:
             self._in_flight.discard(address)
-        if retry_after is not None and self._due.get(address) == due_wall:
+        if retry_after is not None and address not in self._scheduled:
             # Re-arm in memory only: the row is still in storage with its original due time.
-            heapq.heappush(self._heap, (system.env.clock.wall() + retry_after, kind, key, name, due_wall))
-            self._changed.set()
+            self._schedule(address, self.now() + retry_after, due_wall)
 
     async def _drop(self, kind: str, key: str, name: str, due_wall: float) -> None:
         def delete(connection) -> None:
@@ -174,4 +226,3 @@ class ReminderService:
             )
 
         await self._system.storage.write(delete)
-        self._due.pop((kind, key, name), None)

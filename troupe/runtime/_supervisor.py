@@ -149,7 +149,7 @@ class Supervisor:
 
     async def _on_child_exit(self, running: _RunningChild, error: BaseException | None) -> None:
         spec = running.spec
-        self._tracer.record("child_crash", "supervisor", self.name, child=spec.name, error=repr(error))
+        self._tracer.record("child_crash", "supervisor", self.name, child=spec.name, error=type(error).__name__)
         if not self._within_intensity():
             self.escalations += 1
             if self._escalate:

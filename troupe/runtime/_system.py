@@ -30,6 +30,7 @@ from ._actor import Actor, ActorContext, ActorKind, ReminderFired
 from ._env import Env
 from ._exceptions import (
     ActorCrashed,
+    ActorError,
     AskTimeout,
     Overloaded,
     PoisonMessage,
@@ -175,8 +176,12 @@ class ActorSystem:
         live_actors_max: int = _limits.live_actors_max,
         root_intensity: RestartIntensity | None = None,
         services: list[ChildSpec] | None = None,
+        transient_errors: tuple[type[BaseException], ...] = (),
     ) -> None:
+        """``transient_errors``: failures of the infrastructure (storage I/O, an overloaded
+        peer) rather than of the message; they crash the turn but never make it poison."""
         assert live_actors_max >= 1
+        self.transient_errors = (ActorError, *transient_errors)
         self.env = env
         self.storage = storage
         self.tracer = tracer or Tracer(enabled=False)
@@ -340,7 +345,7 @@ class ActorSystem:
                 actor = spec.factory(context)
                 await actor.on_activate()
         except Exception as error:
-            self.tracer.record("activation_failed", spec.name, cell.key, error=_describe(error))
+            self.tracer.record("activation_failed", spec.name, cell.key, error=type(error).__name__)
             await self._after_crash(cell, envelope, error)
             return False
         cell.actor = actor
@@ -386,12 +391,16 @@ class ActorSystem:
         spec = runtime.spec
         statistics = runtime.statistics
         statistics.crashes += 1
-        fingerprint = (cell.key, _fingerprint(envelope.message))
-        count = runtime.crash_counts.pop(fingerprint, 0) + 1
-        runtime.crash_counts[fingerprint] = count
-        while len(runtime.crash_counts) > _limits.poison_fingerprints_max:
-            runtime.crash_counts.popitem(last=False)
-        self.tracer.record("crash", spec.name, cell.key, message=type(envelope.message).__name__, error=_describe(error))
+        count = 0
+        if not isinstance(error, self.transient_errors):
+            fingerprint = (cell.key, _fingerprint(envelope.message))
+            count = runtime.crash_counts.pop(fingerprint, 0) + 1
+            runtime.crash_counts[fingerprint] = count
+            while len(runtime.crash_counts) > _limits.poison_fingerprints_max:
+                runtime.crash_counts.popitem(last=False)
+        # Only the type goes into the trace: messages may hold paths or addresses, which would
+        # make the same seed hash differently on another machine.
+        self.tracer.record("crash", spec.name, cell.key, message=type(envelope.message).__name__, error=type(error).__name__)
         if count >= 2:
             statistics.poison += 1
             self.tracer.record("poison", spec.name, cell.key, message=type(envelope.message).__name__)
@@ -427,7 +436,7 @@ class ActorSystem:
             with trio.fail_after(runtime.spec.turn_timeout_seconds):
                 await actor.on_passivate()
         except Exception as error:
-            self.tracer.record("passivate_failed", runtime.spec.name, cell.key, error=_describe(error))
+            self.tracer.record("passivate_failed", runtime.spec.name, cell.key, error=type(error).__name__)
 
     # -- timers -------------------------------------------------------------------------
 

@@ -1,1 +1,27 @@
-"""troupe.sim."""
+"""troupe.sim: the deterministic simulator (never imported by production code).
+
+``run_simulation(SimulationConfig(seed=...))`` runs the real runtime and storage under a seeded
+Env with crashes, I/O faults, disk full and clock jumps, and checks the registered workloads'
+invariants; ``sweep``, ``shrink`` and ``replay`` build on it (see docs/simulator.md).
+"""
+
+from ._sim_env import InlineExecutor, SimClock, SimIds, SimRandom, sim_env
+from ._simulation import SimulationConfig, SimulationResult, fault_names, run_simulation
+from ._workload import Workload, World, make_workloads, register_workload, workload_names
+
+__all__ = [
+    "InlineExecutor",
+    "SimClock",
+    "SimIds",
+    "SimRandom",
+    "SimulationConfig",
+    "SimulationResult",
+    "Workload",
+    "World",
+    "fault_names",
+    "make_workloads",
+    "register_workload",
+    "run_simulation",
+    "sim_env",
+    "workload_names",
+]

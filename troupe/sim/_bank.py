@@ -1,0 +1,322 @@
+"""The reference workload: bank accounts with idempotency keys, and transfers on reminders.
+
+It exists to exercise the runtime and storage the way the surfaces will: every account is an
+event-sourced actor (journal records plus a snapshot every few records), every operation
+carries a client idempotency key, and a transfer is a second actor that persists its intent,
+then completes on a durable reminder by asking two accounts, retrying across crashes.
+
+Invariants (checked after every restart and at the end):
+- no acknowledged write lost: every acknowledged operation is in its account's journal with
+  the same result;
+- no effect applied twice: an idempotency key appears at most once per journal, and a retried
+  operation returns the result the first acknowledgement gave;
+- journal replay is idempotent: replaying the recovered records again changes nothing;
+- at quiescence every acknowledged transfer has finished, and a finished transfer moved the
+  money both out and in.
+
+``planted_bugs``: ``ack_before_commit`` makes deposits reply before their journal record is
+committed (flushed later by a timer), which a crash in between turns into a lost write: the
+simulator's own tests use it to prove that sweeps find, shrink and replay such bugs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from troupe.runtime import Actor, ActorError, ActorKind
+from troupe.storage import (
+    StorageError,
+    journal_append,
+    journal_load,
+    journal_snapshot,
+    reminder_set,
+    state_get,
+    state_put,
+)
+
+from ._workload import World, register_workload
+
+accounts_count = 6
+snapshot_every_records = 16
+ask_timeout_seconds = 10.0
+client_pause_seconds_max = 0.05
+transfer_retry_seconds = 1.0
+amount_max = 100
+
+
+@dataclass(frozen=True)
+class Deposit:
+    idempotency_key: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    idempotency_key: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class Balance:
+    pass
+
+
+@dataclass(frozen=True)
+class Flush:
+    pass
+
+
+@dataclass(frozen=True)
+class StartTransfer:
+    transfer_id: str
+    source: str
+    destination: str
+    amount: int
+
+
+def empty_account() -> dict[str, Any]:
+    return {"balance": 0, "applied": {}}
+
+
+def apply_record(state: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """Pure and idempotent by key: applying a record twice is applying it once."""
+    if record["key"] in state["applied"]:
+        return state
+    balance = state["balance"]
+    if record["ok"]:
+        balance += record["amount"] if record["op"] == "deposit" else -record["amount"]
+    applied = dict(state["applied"])
+    applied[record["key"]] = [record["ok"], balance]
+    return {"balance": balance, "applied": applied}
+
+
+def replay(snapshot: Any, records: list[tuple[int, Any]]) -> dict[str, Any]:
+    state = snapshot if snapshot is not None else empty_account()
+    for _, record in records:
+        state = apply_record(state, record)
+    return state
+
+
+class Account(Actor):
+    async def on_activate(self) -> None:
+        key = self.context.key
+        loaded = await self.context.storage.read(lambda connection: journal_load(connection, "account", key))
+        self.state = replay(loaded.snapshot, loaded.records)
+        self.unflushed: list[dict[str, Any]] = []
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Balance):
+            return self.state["balance"]
+        if isinstance(message, Flush):
+            await self._commit(self.unflushed)
+            self.unflushed = []
+            return None
+        previous = self.state["applied"].get(message.idempotency_key)
+        if previous is not None:
+            return {"ok": previous[0], "balance": previous[1]}
+        operation = "deposit" if isinstance(message, Deposit) else "withdraw"
+        ok = operation == "deposit" or self.state["balance"] >= message.amount
+        record = {"key": message.idempotency_key, "op": operation, "amount": message.amount, "ok": ok}
+        if operation == "deposit" and "ack_before_commit" in self.context.system.env.extras.get("planted_bugs", ()):
+            # THE PLANTED BUG: acknowledge now, commit later.
+            self.unflushed.append(record)
+            self.context.start_timer("flush", 0.5, Flush())
+        else:
+            await self._commit([record])
+        self.state = apply_record(self.state, record)
+        return {"ok": ok, "balance": self.state["balance"]}
+
+    async def _commit(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        key = self.context.key
+        state_after = self.state
+        for record in records:
+            state_after = apply_record(state_after, record)
+
+        def write(connection) -> None:
+            last = journal_append(connection, "account", key, records)
+            if last % snapshot_every_records < len(records):
+                journal_snapshot(connection, "account", key, last, state_after)
+
+        await self.context.storage.write(write)
+
+
+class Transfer(Actor):
+    async def on_activate(self) -> None:
+        key = self.context.key
+        self.state = await self.context.storage.read(lambda connection: state_get(connection, "transfer", key))
+
+    async def receive(self, message: StartTransfer) -> Any:
+        if self.state is not None:
+            return {"status": self.state["status"]}
+        state = {
+            "source": message.source,
+            "destination": message.destination,
+            "amount": message.amount,
+            "status": "pending",
+        }
+        key = self.context.key
+        due = self.context.env.clock.wall()
+
+        def write(connection) -> None:
+            state_put(connection, "transfer", key, state)
+            reminder_set(connection, "transfer", key, "run", due, None)
+
+        await self.context.storage.write(write)
+        self.context.reminder_armed("run", due)
+        self.state = state
+        return {"status": "pending"}
+
+    async def on_reminder(self, name: str, payload: Any) -> None:
+        if self.state is None or self.state["status"] != "pending":
+            return
+        key = self.context.key
+        amount = self.state["amount"]
+        try:
+            taken = await self.context.ref("account", self.state["source"]).ask(
+                Withdraw(f"{key}:out", amount), timeout=ask_timeout_seconds
+            )
+            status = "refused"
+            if taken["ok"]:
+                await self.context.ref("account", self.state["destination"]).ask(
+                    Deposit(f"{key}:in", amount), timeout=ask_timeout_seconds
+                )
+                status = "done"
+        except (ActorError, StorageError):
+            # Not this transfer's fault: try again later (every step is idempotent).
+            await self.context.set_reminder("run", self.context.env.clock.wall() + transfer_retry_seconds)
+            return
+        state = dict(self.state, status=status)
+        await self.context.storage.write(lambda connection: state_put(connection, "transfer", key, state))
+        self.state = state
+
+
+class BankWorkload:
+    """Clients deposit, withdraw, transfer and retry; the checker holds them to their acks."""
+
+    name = "bank"
+
+    def __init__(self) -> None:
+        self.accounts = [f"acct-{index}" for index in range(accounts_count)]
+        self.issued: list[tuple[str, str, Any]] = []  # (kind, key, message) of every request
+        self.acknowledged: dict[str, tuple[str, str, Any]] = {}  # idempotency key -> (kind, key, result)
+        self.violations: list[str] = []
+        self.counter = 0
+
+    def actor_kinds(self, world: World) -> list[ActorKind]:
+        return [ActorKind("account", Account), ActorKind("transfer", Transfer)]
+
+    def migrations(self) -> list[Any]:
+        return []
+
+    async def client_step(self, world: World, client: int) -> None:
+        random = world.random
+        draw = random.random()
+        self.counter += 1
+        if draw < 0.1 and self.issued:
+            kind, key, message = self.issued[random.randrange(0, len(self.issued))]
+        else:
+            idempotency_key = f"c{client}-{self.counter}"
+            amount = random.randrange(1, amount_max + 1)
+            account = self.accounts[random.randrange(0, len(self.accounts))]
+            kind = "account"
+            key = account
+            if draw < 0.5:
+                message = Deposit(idempotency_key, amount)
+            elif draw < 0.8:
+                message = Withdraw(idempotency_key, amount)
+            elif draw < 0.9:
+                kind = "transfer"
+                key = f"t-{idempotency_key}"
+                other = self.accounts[random.randrange(0, len(self.accounts))]
+                message = StartTransfer(key, account, other, amount)
+            else:
+                message = Balance()
+            if not isinstance(message, Balance):
+                self.issued.append((kind, key, message))
+        try:
+            result = await world.system.ref(kind, key).ask(message, timeout=ask_timeout_seconds)
+        except (ActorError, StorageError):
+            result = None
+        if result is not None and not isinstance(message, Balance):
+            self._acknowledge(kind, key, message, result)
+        await trio.sleep(random.random() * client_pause_seconds_max)
+
+    def _acknowledge(self, kind: str, key: str, message: Any, result: Any) -> None:
+        identity = message.transfer_id if kind == "transfer" else message.idempotency_key
+        earlier = self.acknowledged.get(identity)
+        if earlier is None:
+            self.acknowledged[identity] = (kind, key, result)
+        elif kind == "account" and earlier[2] != result:
+            self.violations.append(
+                f"dedupe broken: {identity} first acknowledged {earlier[2]}, retry returned {result}"
+            )
+
+    async def _recovered_accounts(self, world: World) -> dict[str, tuple[dict[str, Any], list[str]]]:
+        def load(connection):
+            return {account: journal_load(connection, "account", account) for account in self.accounts}
+
+        loaded = await world.engine.read(load)
+        recovered = {}
+        for account, journal in loaded.items():
+            keys = [record["key"] for _, record in journal.records]
+            recovered[account] = (replay(journal.snapshot, journal.records), keys, journal)
+        return recovered
+
+    async def after_restart(self, world: World) -> list[str]:
+        violations = self.violations
+        self.violations = []
+        recovered = await self._recovered_accounts(world)
+        for account, (state, keys, journal) in recovered.items():
+            if len(keys) != len(set(keys)):
+                violations.append(f"effect applied twice: duplicate idempotency key in {account}'s journal")
+            again = replay(state, journal.records)
+            if again != state:
+                violations.append(f"journal replay not idempotent for {account}")
+        for identity, (kind, key, result) in sorted(self.acknowledged.items()):
+            if kind != "account":
+                continue
+            stored = recovered[key][0]["applied"].get(identity)
+            if stored is None:
+                violations.append(f"acknowledged write lost: {identity} on {key} ({result})")
+            elif stored != [result["ok"], result["balance"]]:
+                violations.append(f"acknowledged result changed: {identity} on {key}: {result} vs {stored}")
+        transfer_keys = sorted(key for kind, key, _ in self.acknowledged.values() if kind == "transfer")
+        states = await world.engine.read(
+            lambda connection: {key: state_get(connection, "transfer", key) for key in transfer_keys}
+        )
+        for key, state in states.items():
+            if state is None:
+                violations.append(f"acknowledged transfer lost: {key}")
+        return violations
+
+    async def at_quiescence(self, world: World) -> list[str]:
+        violations = await self.after_restart(world)
+        recovered = await self._recovered_accounts(world)
+        transfer_keys = sorted(key for kind, key, _ in self.acknowledged.values() if kind == "transfer")
+        states = await world.engine.read(
+            lambda connection: {key: state_get(connection, "transfer", key) for key in transfer_keys}
+        )
+        for key, state in states.items():
+            if state is None:
+                continue
+            out = recovered[state["source"]][0]["applied"].get(f"{key}:out")
+            arrived = recovered[state["destination"]][0]["applied"].get(f"{key}:in")
+            if state["status"] == "pending":
+                violations.append(f"transfer never finished: {key}")
+            elif state["status"] == "done" and not (out and out[0] and arrived):
+                violations.append(f"transfer {key} done but money not moved out and in")
+            elif state["status"] == "refused" and (arrived or (out and out[0])):
+                violations.append(f"transfer {key} refused but money moved")
+        for account in self.accounts:
+            balance = await world.system.ref("account", account).ask(Balance(), timeout=ask_timeout_seconds)
+            if balance != recovered[account][0]["balance"]:
+                violations.append(f"{account}: actor balance {balance} differs from its journal")
+        return violations
+
+
+register_workload("bank", BankWorkload)

@@ -1,0 +1,72 @@
+"""Workload plug-ins: what the simulated clients do, and what must hold afterwards.
+
+A workload brings its actor kinds and migrations, drives the system through ``client_step``
+(one client operation a call, recording what was acknowledged), and checks invariants at two
+moments: right after every crash-and-restart (``after_restart``: durable state agrees with what
+was acknowledged) and once at the end when the system is quiet (``at_quiescence``: everything
+that was started has finished, nothing was applied twice).  Each surface registers its own
+workload under its own name; ``troupe sim workloads`` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from troupe.runtime import ActorKind, ActorSystem, Env, Tracer
+
+
+@dataclass
+class World:
+    """What a workload sees of the simulation; ``engine`` and ``system`` change at each restart."""
+
+    env: Env
+    random: Any
+    tracer: Tracer
+    planted_bugs: frozenset[str]
+    engine: Any = None
+    system: ActorSystem | None = None
+    generation: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Workload(Protocol):
+    name: str
+
+    def actor_kinds(self, world: World) -> list[ActorKind]: ...
+
+    def migrations(self) -> list[Any]: ...
+
+    async def client_step(self, world: World, client: int) -> None: ...
+
+    async def after_restart(self, world: World) -> list[str]: ...
+
+    async def at_quiescence(self, world: World) -> list[str]: ...
+
+
+_registry: dict[str, Callable[[], Workload]] = {}
+
+
+def register_workload(name: str, factory: Callable[[], Workload]) -> None:
+    """Make a workload available to ``troupe sim run --workload NAME``."""
+    assert name not in _registry, f"workload {name!r} is registered twice"
+    _registry[name] = factory
+
+
+def workload_names() -> list[str]:
+    _load_builtin_workloads()
+    return sorted(_registry)
+
+
+def make_workloads(names: list[str] | None) -> list[Workload]:
+    _load_builtin_workloads()
+    selected = names or sorted(_registry)
+    unknown = [name for name in selected if name not in _registry]
+    if unknown:
+        raise KeyError(f"unknown workload(s): {', '.join(unknown)}; known: {', '.join(sorted(_registry))}")
+    return [_registry[name]() for name in selected]
+
+
+def _load_builtin_workloads() -> None:
+    from . import _bank  # noqa: F401 - registers itself
