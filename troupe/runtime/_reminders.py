@@ -103,7 +103,6 @@ class ReminderService:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         system = self._system
-        clock = system.env.clock
         self._heap.clear()
         self._scheduled.clear()
         self._in_flight.clear()
