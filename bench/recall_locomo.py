@@ -135,7 +135,8 @@ async def run(arguments) -> dict:
     data = json.loads(Path(arguments.data).read_text())
     ks = sorted(int(k) for k in arguments.k.split(","))
     embedder = resolve_embedder(arguments.embedder)
-    settings = RecallSettings()
+    settings = RecallSettings(**json.loads(arguments.settings))
+    turns_before, turns_after = (int(n) for n in arguments.context.split(","))
     ours: list[tuple[int, dict[int, float]]] = []
     baseline: list[tuple[int, dict[int, float]]] = []
     latencies_ms: list[float] = []
@@ -156,7 +157,11 @@ async def run(arguments) -> dict:
                 index = await MemoryIndex.open(engine, embedder=embedder, settings=settings)
                 started = time.perf_counter()
                 tenant = f"conversation-{number}"
-                await index.add(conversation_items(turns, tenant=tenant))
+                await index.add(
+                    conversation_items(
+                        turns, tenant=tenant, turns_before=turns_before, turns_after=turns_after
+                    )
+                )
                 index_seconds += time.perf_counter() - started
                 recall_filter = RecallFilter(tenant=tenant)
                 for question in sample["qa"]:
@@ -190,6 +195,8 @@ async def run(arguments) -> dict:
         "bench": "recall_locomo",
         "data": Path(arguments.data).name,
         "embedder": getattr(embedder, "fingerprint", None),
+        "settings": json.loads(arguments.settings),
+        "context_turns": arguments.context,
         "conversations": len(data),
         **summarise(ours, ks),
         "latency_ms": {"p50": percentile(latencies_ms, 50), "p99": percentile(latencies_ms, 99)},
@@ -208,6 +215,8 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--embedder", default="hashed")
     parser.add_argument("--k", default="5,10")
+    parser.add_argument("--settings", default="{}", help="RecallSettings overrides as JSON")
+    parser.add_argument("--context", default="2,2", help="turns before,after folded in")
     arguments = parser.parse_args()
     print(json.dumps(trio.run(run, arguments), ensure_ascii=False))
 

@@ -65,6 +65,7 @@ def conversation_items(
                 created_at=turn.at,
                 scope=scope,
                 kind=kind,
+                speaker=turn.speaker,
                 visibility=visibility,
                 event_start=turn.at,
                 context="\n".join(neighbours),

@@ -19,7 +19,17 @@ from dataclasses import dataclass
 
 from pyroaring import BitMap
 
+from ._query import is_stop_term
 from ._store import visibility_separator
+from ._tokenizer import query_terms
+
+speaker_name_terms_max = 4
+
+
+def speaker_terms(speaker: str) -> list[str]:
+    """The terms by which a query can name a speaker ("Caroline", "小天")."""
+    terms = [term for term in query_terms(speaker) if not is_stop_term(term)]
+    return terms[:speaker_name_terms_max]
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class FacetBitmaps:
         self.by_scope: dict[tuple[str, str], BitMap] = {}
         self.by_kind: dict[tuple[str, str], BitMap] = {}
         self.by_viewer: dict[str, BitMap] = {}
+        # (tenant, name term) -> items said by a speaker whose name contains that term.
+        self.by_speaker_term: dict[tuple[str, str], BitMap] = {}
         self.visible_to_all = BitMap()
         self.forgotten = BitMap()
         self.deleted = BitMap()
@@ -59,6 +71,7 @@ class FacetBitmaps:
         scope: str,
         kind: str,
         visibility: Iterable[str],
+        speaker: str = "",
     ) -> None:
         self.by_tenant.setdefault(tenant, BitMap()).add(item_id)
         self.by_scope.setdefault((tenant, scope), BitMap()).add(item_id)
@@ -68,6 +81,8 @@ class FacetBitmaps:
             self.visible_to_all.add(item_id)
         for viewer in viewers:
             self.by_viewer.setdefault(viewer, BitMap()).add(item_id)
+        for term in speaker_terms(speaker):
+            self.by_speaker_term.setdefault((tenant, term), BitMap()).add(item_id)
         self.highest_id = max(self.highest_id, item_id)
 
     def add_row(
@@ -76,16 +91,25 @@ class FacetBitmaps:
         tenant: str,
         scope: str,
         kind: str,
+        speaker: str,
         visibility: str,
         forgotten: int,
         deleted: int,
     ) -> None:
         """Loads one ``facet_rows`` row (visibility still joined)."""
-        self.add(item_id, tenant, scope, kind, filter(None, visibility.split(visibility_separator)))
+        viewers = filter(None, visibility.split(visibility_separator))
+        self.add(item_id, tenant, scope, kind, viewers, speaker)
         if forgotten:
             self.forgotten.add(item_id)
         if deleted:
             self.deleted.add(item_id)
+
+    def speakers_mentioned(self, tenant: str, terms: Iterable[str]) -> tuple[list[str], BitMap]:
+        """The query terms that name a speaker of this tenant, and the items those speakers
+        said."""
+        named = [term for term in terms if (tenant, term) in self.by_speaker_term]
+        said = BitMap.union(BitMap(), *(self.by_speaker_term[(tenant, term)] for term in named))
+        return named, said
 
     def allowed(self, recall_filter: RecallFilter) -> BitMap:
         """The ids ``recall_filter`` admits; a new bitmap the caller may modify."""

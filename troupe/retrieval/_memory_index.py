@@ -46,7 +46,7 @@ from . import _store
 from ._exceptions import EmbedderMismatch, InvalidTimeWindow
 from ._filters import FacetBitmaps, RecallFilter
 from ._fusion import RankedList, reciprocal_rank_fusion, rrf_rank_constant_default
-from ._query import text_query
+from ._query import TextQuery, text_query
 from ._time_window import (
     TimeWindow,
     datetime_from_seconds,
@@ -91,6 +91,11 @@ class RecallSettings:
     # Columns of the "text" list (message and its time words; not its context).
     text_column_weights: tuple[float, float, float] = (1.0, 0.0, 0.5)
     context_column_weights: tuple[float, float, float] = _store.text_column_weights_default
+    # A query that names a speaker ("what did Alice paint?") is about what that speaker
+    # said: their items get an extra list, and the name leaves the text query, where it
+    # would mostly match other people addressing them.
+    speaker_weight: float = 1.0
+    speaker_terms_in_text_query: bool = False
 
     def __post_init__(self) -> None:
         assert 0 < self.candidate_depth <= recall_candidate_depth_max
@@ -109,6 +114,7 @@ class MemoryItem:
     created_at: datetime.datetime
     scope: str = ""
     kind: str = ""
+    speaker: str = ""
     visibility: frozenset[str] = frozenset()
     event_start: datetime.datetime | None = None
     event_end: datetime.datetime | None = None
@@ -153,6 +159,7 @@ def _item_row(item: MemoryItem) -> _store.ItemRow:
         tenant=item.tenant,
         scope=item.scope,
         kind=item.kind,
+        speaker=item.speaker,
         visibility=frozenset(item.visibility),
         text=item.text,
         context=item.context,
@@ -301,7 +308,9 @@ class MemoryIndex:
 
         ids, sequence = await self._database.write(write)
         for item_id, row in zip(ids, rows, strict=True):
-            self._bitmaps.add(item_id, row.tenant, row.scope, row.kind, row.visibility)
+            self._bitmaps.add(
+                item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker
+            )
         if vectors is not None and self._vectors is not None:
             self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64), vectors)
             self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
@@ -386,7 +395,9 @@ class MemoryIndex:
             allowed &= await self._database.read(
                 lambda connection: _store.time_window_ids(connection, tenant, start, end)
             )
-        result = await self._recall_hybrid(query, allowed, limit, settings, query_vector)
+        result = await self._recall_hybrid(
+            query, recall_filter.tenant, allowed, limit, settings, query_vector
+        )
         return replace(result, time_window=window, time_ignored=time_invalid)
 
     async def _recall_by_time(
@@ -408,6 +419,7 @@ class MemoryIndex:
     async def _recall_hybrid(
         self,
         query: str,
+        tenant: str,
         allowed: BitMap,
         limit: int,
         settings: RecallSettings,
@@ -416,6 +428,11 @@ class MemoryIndex:
         depth = max(settings.candidate_depth, limit)
         lists: list[RankedList] = []
         parsed = text_query(query)
+        named, said = self._bitmaps.speakers_mentioned(tenant, parsed.terms)
+        if named and not settings.speaker_terms_in_text_query:
+            remaining = tuple(term for term in parsed.terms if term not in named)
+            if remaining:
+                parsed = TextQuery(remaining)
         corpus_items = self._bitmaps.highest_id
         if not parsed.is_empty and allowed:
             text_match = parsed.match_expression()
@@ -457,6 +474,10 @@ class MemoryIndex:
                 RankedList("vector", [item_id for item_id, _ in nearest], settings.vector_weight)
             )
         fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
+        if named and settings.speaker_weight > 0.0:
+            spoken = [item_id for item_id, _ in fused if item_id in said]
+            lists.append(RankedList("speaker", spoken, settings.speaker_weight))
+            fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
         top = fused[:limit]
         rows = await self._database.read(
             lambda connection: _store.fetch_items(connection, [item_id for item_id, _ in top])

@@ -37,6 +37,7 @@ CREATE TABLE retrieval_items(
     tenant TEXT NOT NULL,
     scope TEXT NOT NULL,
     kind TEXT NOT NULL,
+    speaker TEXT NOT NULL,
     visibility TEXT NOT NULL,
     text TEXT NOT NULL,
     context TEXT NOT NULL,
@@ -74,6 +75,7 @@ class ItemRow:
     tenant: str
     scope: str
     kind: str
+    speaker: str
     visibility: frozenset[str]
     text: str
     context: str
@@ -102,14 +104,15 @@ def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[i
     for row in rows:
         try:
             connection.execute(
-                "INSERT INTO retrieval_items(key, tenant, scope, kind, visibility, text, context,"
-                " created_at, event_start, event_end, time_start, time_end)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO retrieval_items(key, tenant, scope, kind, speaker, visibility, text,"
+                " context, created_at, event_start, event_end, time_start, time_end)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     row.key,
                     row.tenant,
                     row.scope,
                     row.kind,
+                    row.speaker,
                     visibility_separator.join(sorted(row.visibility)),
                     row.text,
                     row.context,
@@ -163,10 +166,13 @@ def set_forgotten(connection: apsw.Connection, keys: Iterable[str], forgotten: b
     return ids
 
 
-def facet_rows(connection: apsw.Connection) -> Iterator[tuple[int, str, str, str, str, int, int]]:
-    """``(id, tenant, scope, kind, visibility, forgotten, deleted)`` for every item."""
+def facet_rows(
+    connection: apsw.Connection,
+) -> Iterator[tuple[int, str, str, str, str, str, int, int]]:
+    """``(id, tenant, scope, kind, speaker, visibility, forgotten, deleted)`` of every item."""
     yield from connection.execute(
-        "SELECT id, tenant, scope, kind, visibility, forgotten, deleted FROM retrieval_items"
+        "SELECT id, tenant, scope, kind, speaker, visibility, forgotten, deleted"
+        " FROM retrieval_items"
     )
 
 
@@ -251,7 +257,8 @@ def fetch_items(connection: apsw.Connection, ids: Sequence[int]) -> dict[int, It
     for item_id in ids:
         for row in connection.execute(
             "SELECT id, key, tenant, scope, kind, visibility, text, context, created_at,"
-            " event_start, event_end, forgotten, deleted FROM retrieval_items WHERE id = ?",
+            " event_start, event_end, forgotten, deleted, speaker FROM retrieval_items"
+            " WHERE id = ?",
             (item_id,),
         ):
             found[item_id] = ItemRow(
@@ -269,6 +276,7 @@ def fetch_items(connection: apsw.Connection, ids: Sequence[int]) -> dict[int, It
                 event_end=row[10],
                 forgotten=bool(row[11]),
                 deleted=bool(row[12]),
+                speaker=row[13],
             )
     return found
 
