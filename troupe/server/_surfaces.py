@@ -1,0 +1,69 @@
+"""Surface plug-ins: what each HTTP surface brings to ``troupe serve``.
+
+A surface is one contract on one listener: its quart-trio app, the actor kinds behind it and
+the storage migrations those kinds need.  ``serve`` collects the kinds and migrations of
+every surface before it starts the shared ``ActorSystem`` and ``Engine``, then builds each app
+with a ``SurfaceContext`` holding the running parts.  Later issues add the host, sessions,
+character and knowledge surfaces to ``default_surfaces``; at this stage only ``admin``
+exists.
+
+Trade-off: kinds and migrations are static per surface (declared, not computed from the
+configuration), so the storage schema never depends on which listeners are switched on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from troupe._config import ListenAddress, ServeOptions
+from troupe.http import ASGIApp, ShutdownSignal, create_admin_app
+from troupe.runtime import ActorKind, ActorSystem, ChildSpec, Env
+from troupe.storage import Engine, Migration
+
+
+@dataclass(frozen=True)
+class SurfaceContext:
+    """The running server as a surface's app sees it."""
+
+    options: ServeOptions
+    env: Env
+    engine: Engine
+    system: ActorSystem
+    shutdown: ShutdownSignal
+    state: Any  # the server's AdminSource (readiness and statistics)
+
+
+@dataclass(frozen=True)
+class Surface:
+    """One HTTP surface: ``create_app(context)`` returns its (already protected) ASGI app."""
+
+    name: str
+    listen_default: ListenAddress
+    create_app: Callable[[SurfaceContext], ASGIApp]
+    actor_kinds: tuple[ActorKind, ...] = ()
+    migrations: tuple[Migration, ...] = ()
+    services: tuple[ChildSpec, ...] = ()
+
+
+admin_listen_default = ListenAddress("127.0.0.1", 8700)
+
+
+def _create_admin(context: SurfaceContext) -> ASGIApp:
+    return create_admin_app(
+        context.state,
+        allowed_hosts=context.options.allowed_hosts,
+        request_body_bytes_max=context.options.request_body_bytes_max,
+    )
+
+
+admin_surface = Surface("admin", admin_listen_default, _create_admin)
+
+
+def default_surfaces() -> list[Surface]:
+    """Every surface this build serves, in listener start order."""
+    return [admin_surface]
+
+
+__all__ = ["Surface", "SurfaceContext", "admin_listen_default", "admin_surface", "default_surfaces"]
