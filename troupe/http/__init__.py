@@ -36,7 +36,7 @@ from ._middleware import (
     send_seconds_max_default,
 )
 from ._shutdown import ShutdownSignal
-from ._sse import SseEvent, heartbeat_seconds_default, sse_frames, sse_response
+from ._sse import SseEvent, heartbeat_frame, heartbeat_seconds_default, sse_frames, sse_response
 
 __all__ = [
     "ASGIApp",
@@ -57,6 +57,7 @@ __all__ = [
     "default_error_envelope",
     "envelope_response",
     "error_code_for_status",
+    "heartbeat_frame",
     "heartbeat_seconds_default",
     "install_error_handlers",
     "loopback_host_names",

@@ -1,0 +1,81 @@
+"""Helpers for tests that need a real hypercorn: serve an ASGI app on a free loopback port,
+and upload a chunked body over a raw socket while watching whether the server hangs up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config
+
+upload_bytes_cap = 64 * 1024 * 1024
+"""A server that reads this much of an upload it already answered did not close early."""
+
+upload_chunk_bytes = 64 * 1024
+
+
+async def start_hypercorn(nursery: trio.Nursery, app, shutdown: trio.Event | None = None) -> int:
+    """Serve ``app`` on 127.0.0.1 with a free port; returns the port."""
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    trigger = shutdown.wait if shutdown is not None else None
+    binds = await nursery.start(lambda task_status: hypercorn.trio.serve(app, config, shutdown_trigger=trigger, task_status=task_status))
+    return int(binds[0].rsplit(":", 1)[1])
+
+
+@dataclass
+class UploadOutcome:
+    closed_by_server: bool
+    body_bytes_sent: int
+    response: bytes
+
+    @property
+    def status(self) -> int:
+        return int(self.response.split(b" ", 2)[1])
+
+
+async def chunked_upload(port: int, path: str, *, host: str = "127.0.0.1") -> UploadOutcome:
+    """POST an endless chunked body (capped at ``upload_bytes_cap``) and read the response.
+
+    Ends when the server closes the connection (``closed_by_server``) or when the cap is
+    reached (the server kept reading).  No timing is involved: the cap is in bytes.
+    """
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    sent = 0
+    response = bytearray()
+    closed = False
+    async with stream, trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            nonlocal closed
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    closed = True
+                    nursery.cancel_scope.cancel()
+                    return
+                response.extend(data)
+
+        async def write() -> None:
+            nonlocal sent
+            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            chunk = b"x" * upload_chunk_bytes
+            frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+            try:
+                await stream.send_all(head.encode("ascii"))
+                while sent < upload_bytes_cap:
+                    await stream.send_all(frame)
+                    sent += len(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the server hung up: the reader sees EOF next
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(read)
+        nursery.start_soon(write)
+    return UploadOutcome(closed, sent, bytes(response))
