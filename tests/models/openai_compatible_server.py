@@ -4,7 +4,7 @@ It is a raw ASGI app served by ``hypercorn.trio.serve`` inside the test's own nu
 provider code is exercised over a real socket (connection handling, SSE framing, timeouts)
 without a network.  It implements ``POST /v1/chat/completions`` (plain, tool calls, streaming)
 and ``POST /v1/embeddings``, and can be scripted: fail the next N requests with a status (and a
-``Retry-After``), hang the next N, send the next reply as tool calls, hang a stream mid-way,
+``Retry-After``), delay or hang the next N, send the next reply as tool calls, hang a stream mid-way,
 report more usage than was asked for.
 
 Usage::
@@ -79,6 +79,7 @@ class OpenAICompatibleServer:
         self._faults.extend(Fault(status=status, retry_after=retry_after) for _ in range(count))
 
     def hang_next(self, count: int, *, seconds: float = hang_seconds_default) -> None:
+        """Delay the next ``count`` answers by ``seconds`` (a hang, by default an hour)."""
         self._faults.extend(Fault(hang_seconds=seconds) for _ in range(count))
 
     def reply_next(self, reply: ScriptedReply) -> None:
@@ -106,8 +107,12 @@ class OpenAICompatibleServer:
             await _send_json(send, 401, {"error": {"message": "bad key"}})
             return
         if self._faults:
-            await self._send_fault(send, self._faults.popleft())
-            return
+            fault = self._faults.popleft()
+            if fault.hang_seconds is not None:
+                await trio.sleep(fault.hang_seconds)  # then answer normally: a slow server
+            else:
+                await self._send_fault(send, fault)
+                return
         if scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
             await self._chat(send, decoded)
         elif scope["method"] == "POST" and scope["path"] == "/v1/embeddings":
@@ -116,8 +121,6 @@ class OpenAICompatibleServer:
             await _send_json(send, 404, {"error": {"message": "not found"}})
 
     async def _send_fault(self, send: Any, fault: Fault) -> None:
-        if fault.hang_seconds is not None:
-            await trio.sleep(fault.hang_seconds)
         headers = [(b"retry-after", fault.retry_after.encode())] if fault.retry_after else []
         await _send_raw(send, fault.status or 500, fault.body.encode(), headers)
 

@@ -99,3 +99,20 @@ def test_fingerprint_and_configuration():
         OpenAIEmbedder("http://127.0.0.1:9/v1", None, "m", 0)
     with pytest.raises(ModelConfigurationError):
         OpenAIEmbedder("", None, "m", 8)
+
+
+async def test_budget_spans_all_batches(server):
+    from troupe.models import CallBudget, ModelBudgetExceeded
+
+    port = embedder(
+        server,
+        batch_texts_max=1,
+        request_timeout_seconds=0.2,
+        retries_max=0,
+        budget=CallBudget(total_seconds_max=0.3),
+    )
+    server.hang_next(1, seconds=0.15)
+    server.hang_next(1, seconds=0.15)
+    with pytest.raises(ModelBudgetExceeded):
+        await port.embed(["a", "b", "c"], purpose="document")
+    assert len(server.requests) == 2

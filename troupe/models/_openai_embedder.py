@@ -98,14 +98,16 @@ class OpenAIEmbedder:
         await self._endpoint.aclose()
 
     async def embed(self, texts: Sequence[str], *, purpose: EmbeddingPurpose) -> numpy.ndarray:
+        """One call: its budget (total seconds) spans every batch and retry."""
         prefix = self._prefixes[purpose]
         rows = numpy.zeros((len(texts), self.dimensions), dtype=numpy.float32)
+        deadline = self._clock.monotonic() + self.policy.budget.total_seconds_max
         for start in range(0, len(texts), self._batch_texts_max):
             batch = [prefix + text for text in texts[start : start + self._batch_texts_max]]
-            rows[start : start + len(batch)] = await self._embed_batch(batch)
+            rows[start : start + len(batch)] = await self._embed_batch(batch, deadline)
         return normalise_rows(rows)
 
-    async def _embed_batch(self, batch: list[str]) -> numpy.ndarray:
+    async def _embed_batch(self, batch: list[str], deadline: float) -> numpy.ndarray:
         body: dict[str, Any] = {"model": self.model, "input": batch, "encoding_format": "float"}
         if self._send_dimensions:
             body["dimensions"] = self.dimensions
@@ -113,7 +115,9 @@ class OpenAIEmbedder:
         async def attempt() -> dict[str, Any]:
             return await self._endpoint.post_json("/embeddings", body)
 
-        decoded = await self.policy.run(attempt, clock=self._clock, jitter=self._jitter)
+        decoded = await self.policy.run(
+            attempt, clock=self._clock, jitter=self._jitter, deadline=deadline
+        )
         return self._rows_from_wire(decoded, len(batch))
 
     def _rows_from_wire(self, decoded: dict[str, Any], count: int) -> numpy.ndarray:
