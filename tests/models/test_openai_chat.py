@@ -323,3 +323,40 @@ def test_model_from_environment():
     assert model.name == "qwen-plus"
     assert model.base_url == "http://127.0.0.1:9/v1"
     assert model.policy.retries_max == 1
+
+
+async def test_swapped_transport_runs_in_virtual_time(autojump_clock):
+    """What the simulator does: an injected transport, trio's mock clock, a seeded jitter."""
+    import httpx
+
+    attempt_times: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempt_times.append(trio.current_time())
+        if len(attempt_times) < 3:
+            return httpx.Response(503, text="busy")
+        return httpx.Response(
+            200,
+            json={
+                "choices": [
+                    {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            },
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel(
+            "http://model.invalid/v1",
+            None,
+            "m",
+            client=client,
+            random=RecordingJitter(0.0),
+            backoff=Backoff(initial_seconds=1.0, multiplier=2.0),
+        )
+        completion = await model.complete(user_request("hi"))
+    assert completion.text == "ok"
+    gaps = [
+        later - earlier for earlier, later in zip(attempt_times, attempt_times[1:], strict=False)
+    ]
+    assert gaps == [1.0, 2.0]
