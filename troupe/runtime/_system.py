@@ -322,13 +322,22 @@ class ActorSystem:
         spec = cell.runtime.spec
         while not cell.stopped:
             try:
-                with trio.move_on_after(spec.idle_seconds) as idle:
-                    envelope = await cell.receive.receive()
+                # Fast path: a queued message needs no idle-timeout scope.
+                envelope = cell.receive.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    with trio.move_on_after(spec.idle_seconds) as idle:
+                        envelope = await cell.receive.receive()
+                except trio.EndOfChannel:
+                    break
+                if idle.cancelled_caught:
+                    self._detach(cell)
+                    continue
             except trio.EndOfChannel:
                 break
-            if idle.cancelled_caught:
-                self._detach(cell)
-                continue
+            else:
+                # receive_nowait is not a checkpoint: yield once per turn, as receive() would.
+                await trio.lowlevel.checkpoint()
             if cell.actor is None and not await self._activate(cell, envelope):
                 continue
             await self._turn(cell, envelope)
@@ -357,8 +366,8 @@ class ActorSystem:
         runtime = cell.runtime
         spec = runtime.spec
         message = envelope.message
-        fingerprint = (cell.key, _fingerprint(message))
-        if runtime.crash_counts.get(fingerprint, 0) >= 2:
+        # Fingerprints cost a repr: only compute them once this kind has seen a crash.
+        if runtime.crash_counts and runtime.crash_counts.get((cell.key, _fingerprint(message)), 0) >= 2:
             self.tracer.record("poison_refused", spec.name, cell.key, message=type(message).__name__)
             envelope.fail(PoisonMessage(spec.name, cell.key, "message is quarantined as poison"))
             return

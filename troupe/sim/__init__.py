@@ -7,6 +7,7 @@ invariants; ``sweep``, ``shrink`` and ``replay`` build on it (see docs/simulator
 
 from ._sim_env import InlineExecutor, SimClock, SimIds, SimRandom, sim_env
 from ._simulation import SimulationConfig, SimulationResult, fault_names, run_simulation
+from ._sweep import config_from_replay, replay, replay_document, shrink, sweep
 from ._workload import Workload, World, make_workloads, register_workload, workload_names
 
 __all__ = [
@@ -18,10 +19,15 @@ __all__ = [
     "SimulationResult",
     "Workload",
     "World",
+    "config_from_replay",
     "fault_names",
     "make_workloads",
     "register_workload",
+    "replay",
+    "replay_document",
     "run_simulation",
+    "shrink",
     "sim_env",
+    "sweep",
     "workload_names",
 ]

@@ -1,0 +1,5 @@
+import sys
+
+from troupe.cli import main
+
+sys.exit(main())
