@@ -173,7 +173,7 @@ async def run(arguments) -> dict:
                     query_vector = None
                     if embedder is not None and embedder.ready():
                         started = time.perf_counter()
-                        query_vector = (await embedder.embed([text], purpose="query"))[0]
+                        query_vector = await index.embed_query(text, recall_filter_tenant=tenant)
                         embedding_ms.append((time.perf_counter() - started) * 1000)
                     started = time.perf_counter()
                     result = await index.recall(

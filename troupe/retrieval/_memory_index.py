@@ -32,6 +32,7 @@ writes made through it.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, TypeVar
@@ -54,6 +55,7 @@ from ._time_window import (
     seconds_from_datetime,
 )
 from ._time_words import time_words
+from ._tokenizer import is_cjk
 from ._vector_index import VectorIndex
 
 recall_limit_max = 200
@@ -85,7 +87,7 @@ class RecallSettings:
     rank_constant: float = rrf_rank_constant_default
     text_weight: float = 1.0
     context_weight: float = 0.7
-    vector_weight: float = 1.0
+    vector_weight: float = 0.5
     # Index-time: how much of an item's conversational context is mixed into its vector.
     context_vector_weight: float = 0.5
     # Columns of the "text" list (message and its time words; not its context).
@@ -94,7 +96,7 @@ class RecallSettings:
     # A query that names a speaker ("what did Alice paint?") is about what that speaker
     # said: their items get an extra list, and the name leaves the text query, where it
     # would mostly match other people addressing them.
-    speaker_weight: float = 1.0
+    speaker_weight: float = 0.5
     speaker_terms_in_text_query: bool = False
 
     def __post_init__(self) -> None:
@@ -168,6 +170,30 @@ def _item_row(item: MemoryItem) -> _store.ItemRow:
         event_start=_optional_seconds(item.event_start),
         event_end=_optional_seconds(item.event_end),
     )
+
+
+def vector_document_text(text: str, speaker: str) -> str:
+    """What the embedder sees of an item: its text without a leading ``speaker:`` label.
+
+    Who said it is a facet (see ``speaker_weight``); left in, the name would pull every item
+    of one speaker towards every query that mentions them.
+    """
+    if speaker:
+        for separator in (":", "："):
+            prefix = speaker + separator
+            if text.startswith(prefix):
+                return text[len(prefix) :].lstrip() or text
+    return text
+
+
+def without_terms(text: str, terms: Sequence[str]) -> str:
+    """``text`` with whole-word occurrences of ``terms`` (case-insensitive) removed."""
+    for term in terms:
+        if is_cjk(term):
+            text = text.replace(term, " ")
+            continue
+        text = re.sub(rf"(?i)(?<!\w){re.escape(term)}(?:'s|’s)?(?!\w)", " ", text)
+    return " ".join(text.split())
 
 
 class MemoryIndex:
@@ -294,7 +320,7 @@ class MemoryIndex:
         vectors = None
         if self.embedder_ready():
             vectors = await self._embed_items(
-                [item.text for item in items], [item.context for item in items]
+                [vector_document_text(item.text, item.speaker) for item in items], [item.context for item in items]
             )
         fingerprint = self.vector_fingerprint
 
@@ -328,7 +354,9 @@ class MemoryIndex:
         )
         if not pending:
             return 0
-        vectors = await self._embed_items([row[1] for row in pending], [row[2] for row in pending])
+        vectors = await self._embed_items(
+            [vector_document_text(row[1], row[3]) for row in pending], [row[2] for row in pending]
+        )
         ids = [row[0] for row in pending]
         sequence = await self._database.write(
             lambda connection: _store.store_vectors(connection, ids, vectors, fingerprint)
@@ -400,6 +428,23 @@ class MemoryIndex:
         )
         return replace(result, time_window=window, time_ignored=time_invalid)
 
+    def vector_query_text(self, query: str, *, tenant: str) -> str:
+        """What the embedder sees of a query: the text without the speaker names it mentions
+        (unless the settings keep names in queries), since those are a facet, not a topic."""
+        if self.settings.speaker_terms_in_text_query:
+            return query
+        named, _ = self._bitmaps.speakers_mentioned(tenant, text_query(query).terms)
+        return (without_terms(query, named) or query) if named else query
+
+    async def embed_query(self, query: str, *, recall_filter_tenant: str) -> numpy.ndarray | None:
+        """The query vector ``recall`` would use (``None`` without a ready embedder); callers
+        may compute it separately, e.g. to time or batch embedding, and pass it back."""
+        if not self.embedder_ready():
+            return None
+        assert self._embedder is not None
+        text = self.vector_query_text(query, tenant=recall_filter_tenant)
+        return (await self._embedder.embed([text], purpose="query"))[0]
+
     async def _recall_by_time(
         self, window: TimeWindow, recall_filter: RecallFilter, limit: int
     ) -> RecallResult:
@@ -468,7 +513,7 @@ class MemoryIndex:
         elif allowed and settings.vector_weight > 0.0:
             assert self._embedder is not None and self._vectors is not None
             if query_vector is None:
-                query_vector = (await self._embedder.embed([query], purpose="query"))[0]
+                query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
             nearest = self._vectors.search(query_vector, depth, allowed=allowed)
             lists.append(
                 RankedList("vector", [item_id for item_id, _ in nearest], settings.vector_weight)

@@ -334,11 +334,12 @@ def vector_summary(connection: apsw.Connection, fingerprint: str) -> tuple[int, 
 
 def items_without_vectors(
     connection: apsw.Connection, fingerprint: str, limit: int
-) -> list[tuple[int, str, str]]:
-    """Live items with no vector of this fingerprint: ``(id, text, context)``, oldest first."""
+) -> list[tuple[int, str, str, str]]:
+    """Live items with no vector of this fingerprint: ``(id, text, context, speaker)``,
+    oldest first."""
     return list(
         connection.execute(
-            "SELECT i.id, i.text, i.context FROM retrieval_items i"
+            "SELECT i.id, i.text, i.context, i.speaker FROM retrieval_items i"
             " LEFT JOIN retrieval_vectors v ON v.item_id = i.id AND v.fingerprint = ?"
             " WHERE i.deleted = 0 AND v.item_id IS NULL ORDER BY i.id LIMIT ?",
             (fingerprint, limit),
