@@ -110,7 +110,9 @@ def recall_share(ranked: list[str], evidence: list[str], k: int) -> float:
 def summarise(rows: list[tuple[int, dict[int, float]]], ks: list[int]) -> dict:
     def mean_for(selected):
         return {
-            f"recall_at_{k}": round(statistics.fmean(r[k] for _, r in selected), 4) if selected else None
+            f"recall_at_{k}": round(statistics.fmean(r[k] for _, r in selected), 4)
+            if selected
+            else None
             for k in ks
         }
 
@@ -118,8 +120,10 @@ def summarise(rows: list[tuple[int, dict[int, float]]], ks: list[int]) -> dict:
     summary = mean_for(main)
     summary["questions"] = len(main)
     summary["per_category"] = {
-        str(category): {**mean_for([r for r in rows if r[0] == category]),
-                        "questions": sum(1 for r in rows if r[0] == category)}
+        str(category): {
+            **mean_for([r for r in rows if r[0] == category]),
+            "questions": sum(1 for r in rows if r[0] == category),
+        }
         for category in (1, 2, 3, 4)
     }
     adversarial = [row for row in rows if row[0] == 5]
@@ -201,7 +205,8 @@ async def run(arguments) -> dict:
         **summarise(ours, ks),
         "latency_ms": {"p50": percentile(latencies_ms, 50), "p99": percentile(latencies_ms, 99)},
         "query_embedding_ms": {
-            "p50": percentile(embedding_ms, 50), "p99": percentile(embedding_ms, 99)
+            "p50": percentile(embedding_ms, 50),
+            "p99": percentile(embedding_ms, 99),
         },
         "index_seconds": round(index_seconds, 2),
         "evidence_dropped": dropped_total,

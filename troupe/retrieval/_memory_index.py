@@ -320,7 +320,8 @@ class MemoryIndex:
         vectors = None
         if self.embedder_ready():
             vectors = await self._embed_items(
-                [vector_document_text(item.text, item.speaker) for item in items], [item.context for item in items]
+                [vector_document_text(item.text, item.speaker) for item in items],
+                [item.context for item in items],
             )
         fingerprint = self.vector_fingerprint
 
@@ -334,9 +335,7 @@ class MemoryIndex:
 
         ids, sequence = await self._database.write(write)
         for item_id, row in zip(ids, rows, strict=True):
-            self._bitmaps.add(
-                item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker
-            )
+            self._bitmaps.add(item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker)
         if vectors is not None and self._vectors is not None:
             self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64), vectors)
             self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
@@ -370,7 +369,7 @@ class MemoryIndex:
     async def delete(self, keys: Sequence[str]) -> int:
         """Deletes items for good: they are never returned again, by any path."""
         ids = await self._database.write(lambda connection: _store.delete_items(connection, keys))
-        self._bitmaps.deleted.update(ids)
+        self._bitmaps.deleted |= BitMap(ids)
         if self._vectors is not None:
             self._vectors.remove(ids)
         return len(ids)
@@ -381,9 +380,9 @@ class MemoryIndex:
             lambda connection: _store.set_forgotten(connection, keys, forgotten)
         )
         if forgotten:
-            self._bitmaps.forgotten.update(ids)
+            self._bitmaps.forgotten |= BitMap(ids)
         else:
-            self._bitmaps.forgotten.difference_update(ids)
+            self._bitmaps.forgotten -= BitMap(ids)
         return len(ids)
 
     # -- reads -----------------------------------------------------------------------------
