@@ -14,7 +14,7 @@ live_actors_max = 100_000
 """Live (activated) actors per system before LRU eviction passivates the oldest."""
 
 idle_seconds = 300.0
-"""An actor with no message for this long passivates."""
+"""An actor with no message for this long passivates (found by a sweep every quarter of it)."""
 
 turn_timeout_seconds = 60.0
 """A turn running longer than this is cancelled and counts as a crash."""

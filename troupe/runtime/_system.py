@@ -17,6 +17,8 @@ gives up and the root marks the kind ``Unavailable`` while it recovers.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -68,7 +70,8 @@ class _Envelope:
 class _Cell:
     __slots__ = (
         "runtime", "key", "send", "receive", "actor", "restart_times", "timers",
-        "passivate_requested", "detached", "stopped", "finished",
+        "passivate_requested", "detached", "stopped", "finished", "last_active", "busy",
+        "deadline_scope",
     )
 
     def __init__(self, runtime: _KindRuntime, key: str) -> None:
@@ -82,6 +85,9 @@ class _Cell:
         self.detached = False
         self.stopped = False
         self.finished = trio.Event()
+        self.last_active = 0.0
+        self.busy = False
+        self.deadline_scope: trio.CancelScope | None = None
 
 
 @dataclass
@@ -279,6 +285,7 @@ class ActorSystem:
             self.tracer.record("evict", oldest.runtime.spec.name, oldest.key)
             self._detach(oldest)
         cell = _Cell(runtime, key)
+        cell.last_active = self.env.clock.monotonic()
         self._live[(runtime.spec.name, key)] = cell
         runtime.nursery.start_soon(self._run_cell, cell)
         return cell
@@ -319,44 +326,71 @@ class ActorSystem:
             cell.finished.set()
 
     async def _cell_loop(self, cell: _Cell) -> None:
-        spec = cell.runtime.spec
+        # One cancel scope serves every turn of the cell: its deadline is set when a turn (or an
+        # activation) starts and cleared when it ends, which is far cheaper than a fail_after
+        # per message.  If it fires, the turn timed out: that turn crashed, and the loop goes on
+        # in a fresh scope.  Idleness is found by the kind's sweeper, not by a scope per receive.
+        while not cell.stopped:
+            scope = trio.CancelScope()
+            cell.deadline_scope = scope
+            current: list[_Envelope] = []
+            with scope:
+                await self._serve(cell, current)
+            if not scope.cancelled_caught:
+                break
+            cell.busy = False
+            timeout = trio.TooSlowError(f"turn exceeded {cell.runtime.spec.turn_timeout_seconds}s")
+            await self._after_crash(cell, current[0], timeout)
+        await self._passivate(cell)
+
+    async def _serve(self, cell: _Cell, current: list[_Envelope]) -> None:
+        """Take messages until the mailbox closes or the cell stops; ``current`` names the
+        envelope in hand so a timeout can fail the right caller."""
+        clock = self.env.clock
         while not cell.stopped:
             try:
-                # Fast path: a queued message needs no idle-timeout scope.
                 envelope = cell.receive.receive_nowait()
             except trio.WouldBlock:
                 try:
-                    with trio.move_on_after(spec.idle_seconds) as idle:
-                        envelope = await cell.receive.receive()
+                    envelope = await cell.receive.receive()
                 except trio.EndOfChannel:
-                    break
-                if idle.cancelled_caught:
-                    self._detach(cell)
-                    continue
+                    return
             except trio.EndOfChannel:
-                break
+                return
             else:
                 # receive_nowait is not a checkpoint: yield once per turn, as receive() would.
                 await trio.lowlevel.checkpoint()
+            current[:] = [envelope]
+            cell.busy = True
             if cell.actor is None and not await self._activate(cell, envelope):
+                cell.busy = False
                 continue
             await self._turn(cell, envelope)
+            cell.busy = False
+            cell.last_active = clock.monotonic()
             if cell.passivate_requested:
                 self._detach(cell)
-        await self._passivate(cell)
+
+    def _arm_deadline(self, cell: _Cell) -> None:
+        cell.deadline_scope.deadline = trio.current_time() + cell.runtime.spec.turn_timeout_seconds
+
+    def _disarm_deadline(self, cell: _Cell) -> None:
+        cell.deadline_scope.deadline = math.inf
 
     async def _activate(self, cell: _Cell, envelope: _Envelope) -> bool:
         runtime = cell.runtime
         spec = runtime.spec
         context = ActorContext(spec.name, cell.key, self, cell)
+        self._arm_deadline(cell)
         try:
-            with trio.fail_after(spec.turn_timeout_seconds):
-                actor = spec.factory(context)
-                await actor.on_activate()
+            actor = spec.factory(context)
+            await actor.on_activate()
         except Exception as error:
+            self._disarm_deadline(cell)
             self.tracer.record("activation_failed", spec.name, cell.key, error=type(error).__name__)
             await self._after_crash(cell, envelope, error)
             return False
+        self._disarm_deadline(cell)
         cell.actor = actor
         runtime.statistics.activations += 1
         self.tracer.record("activate", spec.name, cell.key)
@@ -374,24 +408,24 @@ class ActorSystem:
         self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__)
         clock = self.env.clock
         started = clock.monotonic()
+        self._arm_deadline(cell)
         try:
-            with trio.fail_after(spec.turn_timeout_seconds):
-                if isinstance(message, ReminderFired):
-                    await cell.actor.on_reminder(message.name, message.payload)
-                    await self.reminders.completed(spec.name, cell.key, message)
-                    result = None
-                else:
-                    result = await cell.actor.receive(message)
+            if isinstance(message, ReminderFired):
+                await cell.actor.on_reminder(message.name, message.payload)
+                await self.reminders.completed(spec.name, cell.key, message)
+                result = None
+            else:
+                result = await cell.actor.receive(message)
         except Exception as error:
+            self._disarm_deadline(cell)
             await self._after_crash(cell, envelope, error)
             return
+        self._disarm_deadline(cell)
         elapsed = clock.monotonic() - started
         statistics = runtime.statistics
         statistics.turns += 1
         statistics.turn_seconds_total += elapsed
-        bucket = 0
-        while bucket < len(turn_latency_buckets_seconds) and elapsed > turn_latency_buckets_seconds[bucket]:
-            bucket += 1
+        bucket = bisect.bisect_left(turn_latency_buckets_seconds, elapsed)
         statistics.turn_latency_counts[bucket] += 1
         envelope.succeed(result)
 
@@ -479,6 +513,7 @@ class ActorSystem:
             async with trio.open_nursery() as nursery:
                 runtime.nursery = nursery
                 runtime.available = True
+                nursery.start_soon(self._idle_sweeper, runtime)
                 task_status.started()
                 await runtime.failed.wait()
                 nursery.cancel_scope.cancel()
@@ -489,6 +524,26 @@ class ActorSystem:
             runtime.retry_at = self.env.clock.monotonic() + retry_after_seconds
 
         return ChildSpec(f"kind:{name}", run, on_unavailable=unavailable)
+
+    async def _idle_sweeper(self, runtime: _KindRuntime) -> None:
+        """Passivates this kind's actors idle for ``idle_seconds`` (found within a quarter of
+        that): one task per kind instead of a timeout scope on every receive."""
+        idle_seconds = runtime.spec.idle_seconds
+        period = idle_seconds / 4
+        clock = self.env.clock
+        while True:
+            await trio.sleep(period)
+            cutoff = clock.monotonic() - idle_seconds
+            idle = [
+                cell
+                for cell in self._live.values()
+                if cell.runtime is runtime
+                and not cell.busy
+                and cell.last_active <= cutoff
+                and cell.send.statistics().current_buffer_used == 0
+            ]
+            for cell in idle:
+                self._detach(cell)
 
     def _kind_failed(self, runtime: _KindRuntime) -> None:
         self.tracer.record("kind_failed", runtime.spec.name, "")
