@@ -113,6 +113,17 @@ class FacetBitmaps:
 
     def allowed(self, recall_filter: RecallFilter) -> BitMap:
         """The ids ``recall_filter`` admits; a new bitmap the caller may modify."""
+        allowed = self.candidates(recall_filter)
+        if recall_filter.viewer is not None:
+            allowed &= self.visible_to_all | self.by_viewer.get(recall_filter.viewer, BitMap())
+        allowed -= self.deleted
+        if not recall_filter.include_forgotten:
+            allowed -= self.forgotten
+        return allowed
+
+    def candidates(self, recall_filter: RecallFilter) -> BitMap:
+        """The ids of the filter's tenant, scopes and kinds: what the text index can
+        pre-filter by itself (``facet_match_expression``)."""
         tenant = recall_filter.tenant
         allowed = BitMap(self.by_tenant.get(tenant, BitMap()))
         if recall_filter.scopes is not None:
@@ -123,9 +134,4 @@ class FacetBitmaps:
             allowed &= BitMap.union(
                 BitMap(), *(self.by_kind.get((tenant, k), BitMap()) for k in recall_filter.kinds)
             )
-        if recall_filter.viewer is not None:
-            allowed &= self.visible_to_all | self.by_viewer.get(recall_filter.viewer, BitMap())
-        allowed -= self.deleted
-        if not recall_filter.include_forgotten:
-            allowed -= self.forgotten
         return allowed

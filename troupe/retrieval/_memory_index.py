@@ -423,7 +423,7 @@ class MemoryIndex:
                 lambda connection: _store.time_window_ids(connection, tenant, start, end)
             )
         result = await self._recall_hybrid(
-            query, recall_filter.tenant, allowed, limit, settings, query_vector
+            query, recall_filter, allowed, limit, settings, query_vector
         )
         return replace(result, time_window=window, time_ignored=time_invalid)
 
@@ -463,13 +463,14 @@ class MemoryIndex:
     async def _recall_hybrid(
         self,
         query: str,
-        tenant: str,
+        recall_filter: RecallFilter,
         allowed: BitMap,
         limit: int,
         settings: RecallSettings,
         query_vector: numpy.ndarray | None,
     ) -> RecallResult:
         depth = max(settings.candidate_depth, limit)
+        tenant = recall_filter.tenant
         lists: list[RankedList] = []
         parsed = text_query(query)
         named, said = self._bitmaps.speakers_mentioned(tenant, parsed.terms)
@@ -477,7 +478,10 @@ class MemoryIndex:
             remaining = tuple(term for term in parsed.terms if term not in named)
             if remaining:
                 parsed = TextQuery(remaining)
-        corpus_items = self._bitmaps.highest_id
+        facet_expression = _store.facet_match_expression(
+            recall_filter.tenant, recall_filter.scopes, recall_filter.kinds
+        )
+        candidates = len(self._bitmaps.candidates(recall_filter))
         if not parsed.is_empty and allowed:
             text_match = parsed.match_expression()
 
@@ -490,7 +494,8 @@ class MemoryIndex:
                         allowed=allowed,
                         depth=depth,
                         column_weights=settings.text_column_weights,
-                        corpus_items=corpus_items,
+                        facet_expression=facet_expression,
+                        candidates=candidates,
                     )
                 if settings.context_weight > 0.0:
                     context_ids = _store.text_search(
@@ -499,7 +504,8 @@ class MemoryIndex:
                         allowed=allowed,
                         depth=depth,
                         column_weights=settings.context_column_weights,
-                        corpus_items=corpus_items,
+                        facet_expression=facet_expression,
+                        candidates=candidates,
                     )
                 return text_ids, context_ids
 

@@ -15,6 +15,7 @@ back.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ CREATE TABLE retrieval_items(
 ) STRICT;
 CREATE INDEX retrieval_items_tenant_time ON retrieval_items(tenant, time_start);
 CREATE VIRTUAL TABLE retrieval_text USING fts5(
-    text, context, time_words,
+    text, context, time_words, facets,
     content='', contentless_delete=1,
     tokenize='{fts5_tokenize_spec}'
 );
@@ -98,6 +99,51 @@ class ItemRow:
         return self.time_start
 
 
+def facet_token(facet: int, value: str) -> str:
+    """A digits-only token naming one facet value inside the ``facets`` column.
+
+    Digits only, so that neither the tokenizer nor porter can alter it; a hash, so that any
+    tenant or scope string fits.  A collision could only widen the text pre-filter: the
+    bitmaps are applied afterwards and stay the authority.
+    """
+    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=7).digest()
+    return f"{facet}{int.from_bytes(digest, 'big'):017d}"
+
+
+def tenant_token(tenant: str) -> str:
+    return facet_token(1, tenant)
+
+
+def scope_token(tenant: str, scope: str) -> str:
+    return facet_token(2, tenant + visibility_separator + scope)
+
+
+def kind_token(tenant: str, kind: str) -> str:
+    return facet_token(3, tenant + visibility_separator + kind)
+
+
+def row_facet_tokens(row: ItemRow) -> str:
+    return " ".join(
+        (
+            tenant_token(row.tenant),
+            scope_token(row.tenant, row.scope),
+            kind_token(row.tenant, row.kind),
+        )
+    )
+
+
+def facet_match_expression(
+    tenant: str, scopes: Iterable[str] | None, kinds: Iterable[str] | None
+) -> str:
+    """The FTS5 expression that admits a tenant (and any of the scopes, any of the kinds)."""
+    parts = [f'"{tenant_token(tenant)}"']
+    if scopes is not None:
+        parts.append("(" + " OR ".join(f'"{scope_token(tenant, s)}"' for s in sorted(scopes)) + ")")
+    if kinds is not None:
+        parts.append("(" + " OR ".join(f'"{kind_token(tenant, k)}"' for k in sorted(kinds)) + ")")
+    return "{facets} : (" + " AND ".join(parts) + ")"
+
+
 def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[int]:
     """Inserts items and their text index rows; returns the new ids in order."""
     ids = []
@@ -127,8 +173,9 @@ def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[i
             raise DuplicateItem(row.key) from exc
         item_id = connection.last_insert_rowid()
         connection.execute(
-            "INSERT INTO retrieval_text(rowid, text, context, time_words) VALUES (?,?,?,?)",
-            (item_id, row.text, row.context, row.time_words),
+            "INSERT INTO retrieval_text(rowid, text, context, time_words, facets)"
+            " VALUES (?,?,?,?,?)",
+            (item_id, row.text, row.context, row.time_words, row_facet_tokens(row)),
         )
         ids.append(item_id)
     return ids
@@ -183,24 +230,29 @@ def text_search(
     allowed: BitMap | None,
     depth: int,
     column_weights: tuple[float, float, float] = text_column_weights_default,
-    corpus_items: int = 0,
+    facet_expression: str | None = None,
+    candidates: int = 0,
 ) -> list[int]:
     """Ids of the best ``depth`` bm25 matches that are in ``allowed`` (all when ``None``).
 
-    FTS5 cannot filter by a bitmap, so this over-fetches: the first fetch is sized by how
-    selective the filter is, and grows eightfold until ``depth`` allowed hits are found or the
-    matches run out.
+    ``facet_expression`` (see ``facet_match_expression``) lets FTS5 intersect the query with
+    the tenant/scope/kind postings in C; ``candidates`` is how many items it admits.  What it
+    cannot express (visibility, tombstones, time) is filtered here by the bitmap, so this
+    over-fetches: the first fetch is sized by how selective the bitmap is among the
+    candidates, and grows eightfold until ``depth`` allowed hits are found or matches run out.
     """
     assert depth > 0
     if allowed is not None and len(allowed) == 0:
         return []
     limit = depth
     if allowed is not None:
-        selectivity = len(allowed) / max(corpus_items, len(allowed), 1)
+        selectivity = len(allowed) / max(candidates, len(allowed), 1)
         limit = min(text_search_rows_max, int(depth / max(selectivity, 1e-6) * 1.5) + depth)
+    if facet_expression is not None:
+        match_expression = f"({match_expression}) AND {facet_expression}"
     sql = (
         "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?"
-        " ORDER BY bm25(retrieval_text, ?, ?, ?) LIMIT ?"
+        " ORDER BY bm25(retrieval_text, ?, ?, ?, 0.0) LIMIT ?"
     )
     while True:
         rows = [
