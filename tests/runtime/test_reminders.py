@@ -90,3 +90,19 @@ async def test_backward_clock_jump_does_not_hold_back_due_reminders(env, autojum
         await trio.sleep(10)
         assert [entry[1] for entry in Alarm.fired] == ["soon"]
         nursery.cancel_scope.cancel()
+
+
+async def test_forward_then_backward_jump_does_not_strand_a_reminder(env, autojump_clock):
+    """Found by the simulator (seed 89): an actor armed a reminder on a wall clock that had jumped
+    forward, then the clock jumped back before the service looked at it."""
+    Alarm.fired = []
+    Alarm.crash_on = set()
+    async with trio.open_nursery() as nursery:
+        engine, system = await start(env, nursery)
+        await trio.sleep(0.5)
+        env.clock.jump(2500)
+        await system.ref("alarm", "a").ask(("now", 0))
+        env.clock.jump(-2000)
+        await trio.sleep(5)
+        assert [entry[1] for entry in Alarm.fired] == ["now"]
+        nursery.cancel_scope.cancel()

@@ -71,8 +71,10 @@ class ReminderService:
 
     def arm(self, kind: str, key: str, name: str, due_wall: float) -> None:
         address = (kind, key, name)
-        if due_wall > self._loaded_until:
-            self._scheduled.pop(address, None)  # beyond the horizon: the next scan loads it
+        # Reading the clock here lets the high-water mark see the wall time the actor just
+        # used: a forward jump seen only by the actor, then a backward one, must not strand it.
+        if due_wall > max(self._loaded_until, self.now() + _limits.reminder_horizon_seconds):
+            self._scheduled.pop(address, None)  # beyond the horizon: a later scan loads it
             return
         self._schedule(address, due_wall, due_wall)
 
