@@ -485,29 +485,18 @@ class MemoryIndex:
         if not parsed.is_empty and allowed:
             text_match = parsed.match_expression()
 
-            def search(connection: apsw.Connection) -> tuple[list[int], list[int]]:
-                text_ids = context_ids = []
-                if settings.text_weight > 0.0:
-                    text_ids = _store.text_search(
-                        connection,
-                        text_match,
-                        allowed=allowed,
-                        depth=depth,
-                        column_weights=settings.text_column_weights,
-                        facet_expression=facet_expression,
-                        candidates=candidates,
-                    )
-                if settings.context_weight > 0.0:
-                    context_ids = _store.text_search(
-                        connection,
-                        text_match,
-                        allowed=allowed,
-                        depth=depth,
-                        column_weights=settings.context_column_weights,
-                        facet_expression=facet_expression,
-                        candidates=candidates,
-                    )
-                return text_ids, context_ids
+            weights = (settings.text_column_weights, settings.context_column_weights)
+
+            def search(connection: apsw.Connection) -> list[list[int]]:
+                return _store.text_search_lists(
+                    connection,
+                    text_match,
+                    allowed=allowed,
+                    depth=depth,
+                    column_weights=weights,
+                    facet_expression=facet_expression,
+                    candidates=candidates,
+                )
 
             text_ids, context_ids = await self._database.read(search)
             lists.append(RankedList("text", text_ids, settings.text_weight))

@@ -16,6 +16,7 @@ back.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from ._tokenizer import fts5_tokenize_spec
 # conversation around it and its date in words help find it but must not outrank it.
 text_column_weights_default = (1.0, 0.35, 0.5)
 text_search_rows_max = 200_000
+text_single_scan_candidates_max = 50_000
 
 schema_sql = f"""
 CREATE TABLE retrieval_items(
@@ -263,6 +265,57 @@ def text_search(
         if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
             return hits[:depth]
         limit = min(text_search_rows_max, limit * 8)
+
+
+def text_search_lists(
+    connection: apsw.Connection,
+    match_expression: str,
+    *,
+    allowed: BitMap,
+    depth: int,
+    column_weights: Sequence[tuple[float, float, float]],
+    facet_expression: str,
+    candidates: int,
+) -> list[list[int]]:
+    """One ranked id list per entry of ``column_weights``, like ``text_search`` for each.
+
+    When the facet filter admits few items (``candidates`` at most
+    ``text_single_scan_candidates_max``) the matches are read once, with every weighting's
+    bm25 computed in the same scan, and ranked here: one walk of the posting lists instead of
+    one per list.  Otherwise each list is its own ``ORDER BY ... LIMIT`` query, which keeps
+    the rows crossing into Python bounded on huge candidate sets.
+    """
+    if candidates > text_single_scan_candidates_max:
+        return [
+            text_search(
+                connection,
+                match_expression,
+                allowed=allowed,
+                depth=depth,
+                column_weights=weights,
+                facet_expression=facet_expression,
+                candidates=candidates,
+            )
+            for weights in column_weights
+        ]
+    scores = ", ".join(
+        f"bm25(retrieval_text, {float(a)}, {float(b)}, {float(c)}, 0.0)"
+        for a, b, c in column_weights
+    )
+    rows = [
+        row
+        for row in connection.execute(
+            f"SELECT rowid, {scores} FROM retrieval_text WHERE retrieval_text MATCH ?",
+            (f"({match_expression}) AND {facet_expression}",),
+        )
+        if row[0] in allowed
+    ]
+    ranked = []
+    for position in range(1, len(column_weights) + 1):
+        # bm25() is "lower is better"; ties go to the lower id for determinism.
+        best = heapq.nsmallest(depth, rows, key=lambda row: (row[position], row[0]))
+        ranked.append([row[0] for row in best])
+    return ranked
 
 
 def time_window_ids(connection: apsw.Connection, tenant: str, start: float, end: float) -> BitMap:
