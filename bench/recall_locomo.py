@@ -139,6 +139,9 @@ async def run(arguments) -> dict:
     data = json.loads(Path(arguments.data).read_text())
     ks = sorted(int(k) for k in arguments.k.split(","))
     embedder = resolve_embedder(arguments.embedder)
+    warm_up = getattr(embedder, "warm_up", None)
+    if warm_up is not None:  # neural embedders load weights first; recall would degrade
+        await warm_up()
     settings = RecallSettings(**json.loads(arguments.settings))
     turns_before, turns_after = (int(n) for n in arguments.context.split(","))
     ours: list[tuple[int, dict[int, float]]] = []
