@@ -2,9 +2,11 @@
 (and no damage) with worker threads."""
 
 import random
+import threading
 
 import pytest
 import trio
+import trio.testing
 
 from troupe.runtime._real_env import ThreadExecutor
 from troupe.storage import (
@@ -118,26 +120,36 @@ async def test_crash_leaves_the_wal_for_recovery_like_a_dead_process(inline_env,
     assert values == {"kept"}
 
 
-async def test_crash_rolls_back_a_queued_batch(inline_env, tmp_path):
+async def test_crash_fails_the_running_and_the_queued_jobs_and_commits_nothing(tmp_path):
+    env = make_env(tmp_path / "data", ThreadExecutor())
+    release = threading.Event()
+    outcomes = []
     async with trio.open_nursery() as nursery:
-        engine = await Engine.open(inline_env, nursery=nursery)
+        engine = await Engine.open(env, nursery=nursery)
         await engine.write(create_items)
-        outcomes = []
 
-        async def writer(value):
+        async def writer(value, hold=False):
+            def job(connection):
+                connection.execute("INSERT INTO items VALUES (?)", (value,))
+                if hold:
+                    release.wait()
+
             try:
-                outcomes.append(await engine.write(
-                    lambda c: c.execute("INSERT INTO items VALUES (?)", (value,))))
+                outcomes.append(await engine.write(job))
             except StorageCrashed:
                 outcomes.append("crashed")
 
+        # The first job holds the writer inside its batch (in a worker thread); three more
+        # wait in the queue.  The crash must fail all four, and the held batch must roll back
+        # instead of committing when it is released.
+        nursery.start_soon(writer, "held", True)
+        await trio.testing.wait_all_tasks_blocked()
         for value in ("a", "b", "c"):
             nursery.start_soon(writer, value)
-        # The writers queue their jobs; crash before the writer task runs the batch.
-        await trio.lowlevel.checkpoint()
-        while engine.statistics().write_queue_depth < 3:
-            await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.statistics().write_queue_depth == 3
         engine.crash()
-    assert outcomes == ["crashed"] * 3
+        release.set()
+    assert outcomes == ["crashed"] * 4
     values, _ = await committed_values(tmp_path / "data")
     assert values == set()
