@@ -10,7 +10,7 @@ Configuration is ``troupe._config`` (re-exported here); the stdout interface
 from troupe._config import ConfigError, ListenAddress, ServeOptions, load_serve_options
 
 from ._exceptions import ListenerError, ListenerRefused, ServeError, UnknownSurface
-from ._serve import ServerHandle, ServerState, add_serve_arguments, main, serve, serve_main
+from ._serve import ServerHandle, ServerState, serve, serve_main
 from ._surfaces import (
     Surface,
     SurfaceContext,
@@ -31,12 +31,10 @@ __all__ = [
     "Surface",
     "SurfaceContext",
     "UnknownSurface",
-    "add_serve_arguments",
     "admin_listen_default",
     "admin_surface",
     "default_surfaces",
     "load_serve_options",
-    "main",
     "serve",
     "serve_main",
 ]

@@ -22,7 +22,6 @@ running after the grace period are cancelled rather than waited for indefinitely
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -271,18 +270,7 @@ async def _watch_signals(signals: Any, handle: ServerHandle, graceful: trio.Canc
 
 
 # ---------------------------------------------------------------------------- command line
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``serve`` flags, for ``troupe.cli`` and ``python -m troupe.server``."""
-    parser.add_argument("--data-dir", dest="data_dir", default=None, help="data directory (default ./troupe-data)")
-    parser.add_argument("--config", default=None, help="TOML file (default ./troupe.toml when present)")
-    parser.add_argument(
-        "--listen", action="append", default=[], metavar="SURFACE=HOST:PORT",
-        help="listener address for a surface (repeatable; port 0 picks a free port; 'off' disables)",
-    )
-    parser.add_argument("--trace", default=None, metavar="FILE", help="write the runtime trace (CBOR records) to FILE")
-    return parser
+# The flags themselves are defined once, in troupe/cli.py (``troupe serve``).
 
 
 def _leaves(error: BaseException) -> list[BaseException]:
@@ -301,9 +289,11 @@ def serve_main(arguments: Any) -> int:
         return exit_code_config
     try:
         trio.run(serve, options)
-    except (ServeError, StorageError, BaseExceptionGroup) as exc:
+    except (ServeError, StorageError, OSError, BaseExceptionGroup) as exc:
+        # Failures of the outside world (ports, disk, files) get one line each on stderr;
+        # anything else is our bug and keeps its traceback.
         leaves = _leaves(exc)
-        if not all(isinstance(leaf, (ServeError, StorageError)) for leaf in leaves):
+        if not all(isinstance(leaf, (ServeError, StorageError, OSError)) for leaf in leaves):
             raise
         for leaf in leaves:
             _note(str(leaf))
@@ -311,9 +301,4 @@ def serve_main(arguments: Any) -> int:
     return exit_code_ok
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = add_serve_arguments(argparse.ArgumentParser(prog="troupe serve", description="Run the troupe server."))
-    return serve_main(parser.parse_args(argv))
-
-
-__all__ = ["ServerHandle", "ServerState", "add_serve_arguments", "main", "serve", "serve_main"]
+__all__ = ["ServerHandle", "ServerState", "serve", "serve_main"]
