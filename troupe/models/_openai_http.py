@@ -119,7 +119,7 @@ def _import_httpx() -> Any:
         import httpx
     except ImportError as exc:
         raise ModelConfigurationError(
-            "OpenAI-compatible providers need httpx: pip install 'troupe[openai]'"
+            "OpenAI-compatible providers need httpx (a core dependency of troupe): reinstall troupe"
         ) from exc
     return httpx
 
