@@ -37,8 +37,10 @@ class UploadOutcome:
         return int(self.response.split(b" ", 2)[1])
 
 
-async def chunked_upload(port: int, path: str, *, host: str = "127.0.0.1") -> UploadOutcome:
+async def chunked_upload(port: int, path: str, *, host: str = "127.0.0.1", declared_bytes: int | None = None) -> UploadOutcome:
     """POST an endless chunked body (capped at ``upload_bytes_cap``) and read the response.
+
+    With ``declared_bytes`` the body is plain (``Content-Length: declared_bytes``) instead.
 
     Ends when the server closes the connection (``closed_by_server``) or when the cap is
     reached (the server kept reading).  No timing is involved: the cap is in bytes.
@@ -64,9 +66,13 @@ async def chunked_upload(port: int, path: str, *, host: str = "127.0.0.1") -> Up
 
         async def write() -> None:
             nonlocal sent
-            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
             chunk = b"x" * upload_chunk_bytes
-            frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+            if declared_bytes is None:
+                head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+                frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+            else:
+                head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {declared_bytes}\r\n\r\n"
+                frame = chunk
             try:
                 await stream.send_all(head.encode("ascii"))
                 while sent < upload_bytes_cap:

@@ -23,7 +23,14 @@ The stack, outermost first (``protect``):
    ``payload_too_large`` at the limit, whatever Content-Length says and for chunked bodies too
    (a declared length over the limit is refused before the app runs).  The app is cancelled
    when the limit is crossed; if it had already started its response, the response is cut
-   short instead (the status line has gone).
+   short instead (the status line has gone).  After the 413 is sent, the rest of the upload
+   is read and discarded up to ``linger_bytes_max`` bytes (a declared length up to the limit
+   plus that budget is absorbed whole) and ``linger_seconds_max`` seconds before the response
+   is ended (a *lingering close*, as nginx does): hypercorn closes the socket right after the
+   final send, and closing with unread data makes the kernel send a reset, which can destroy
+   the 413 in the client's receive buffer before a client that is still writing (httpx,
+   curl) reads it.  A slightly-too-large body therefore gets a clean
+   413; a huge one is still cut off after the linger budget.
 
 Trade-off: the middleware formats nothing itself; rejections use the surface's
 ``ErrorEnvelope``, so each contract keeps its own error shape.
@@ -51,11 +58,18 @@ request_body_bytes_max_default = 1024 * 1024
 send_seconds_max_default = 30.0
 """A single send to the client (headers or one body chunk) may take at most this long."""
 
+linger_bytes_max = 1024 * 1024
+"""After refusing a body, read and discard at most this much more of it (lingering close)."""
+
+linger_seconds_max = 2.0
+"""...and for at most this long."""
+
 loopback_host_names = ("127.0.0.1", "localhost", "[::1]")
 """Host header values (without port) always accepted."""
 
 assert request_body_bytes_max_default > 0
 assert send_seconds_max_default > 0
+assert linger_bytes_max > 0 and linger_seconds_max > 0
 
 
 async def send_error(send: Send, envelope: ErrorEnvelope, status: int, code: str, message: str) -> None:
@@ -175,25 +189,47 @@ class BodyLimit:
         self.request_body_bytes_max = request_body_bytes_max
         self.envelope = envelope
 
-    def _declared_too_large(self, scope: Scope) -> bool:
+    @staticmethod
+    def _declared_length(scope: Scope) -> int | None:
         declared = _header(scope, b"content-length")
         if declared is None:
-            return False
+            return None
         try:
-            return int(declared) > self.request_body_bytes_max
+            return int(declared)
         except ValueError:
-            return False  # hypercorn's h11 refuses a malformed Content-Length before us
+            return None  # hypercorn's h11 refuses a malformed Content-Length before us
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, receive: Receive, send: Send, *, unread_bytes: int | None) -> None:
+        """413, then a lingering close: the error body goes out complete (Content-Length) but
+        the exchange is only ended after discarding what the client is still sending, within
+        the linger budget.  ``unread_bytes``: what the declared length says is still to come
+        (None when unknown); beyond the budget there is no point in lingering."""
         limit = self.request_body_bytes_max
-        await send_error(send, self.envelope, 413, "payload_too_large", f"the request body exceeds {limit} bytes")
+        error = self.envelope(413, "payload_too_large", f"the request body exceeds {limit} bytes")
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", error.content_type.encode("latin-1")),
+                (b"content-length", str(len(error.body)).encode("ascii")),
+            ],
+        })
+        await send({"type": "http.response.body", "body": error.body, "more_body": True})
+        if unread_bytes is None or unread_bytes < 0:  # unknown, or the declared length lied
+            await _discard_body(receive, bytes_max=linger_bytes_max)
+        elif unread_bytes <= limit + linger_bytes_max:
+            # A declared body a little over the limit is absorbed whole, so the client
+            # reliably reads its 413; a huge one is not worth reading at all.
+            await _discard_body(receive, bytes_max=unread_bytes)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._declared_too_large(scope):
-            await self._reject(send)
+        declared = self._declared_length(scope)
+        if declared is not None and declared > self.request_body_bytes_max:
+            await self._reject(receive, send, unread_bytes=declared)
             return
         received_bytes = 0
         exceeded = False
@@ -221,7 +257,22 @@ class BodyLimit:
             await self.app(scope, counted_receive, tracked_send)
 
         if exceeded and not response_started:
-            await self._reject(send)
+            unread = None if declared is None else declared - received_bytes
+            await self._reject(receive, send, unread_bytes=unread)
+
+
+async def _discard_body(receive: Receive, *, bytes_max: int) -> None:
+    """Read and drop the rest of the request body: at most ``bytes_max`` bytes and
+    ``linger_seconds_max`` seconds."""
+    discarded_bytes = 0
+    with trio.move_on_after(linger_seconds_max):
+        while discarded_bytes <= bytes_max:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # http.disconnect: the client has gone
+            discarded_bytes += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 def protect(
@@ -247,6 +298,8 @@ __all__ = [
     "BodyLimit",
     "HostCheck",
     "SendGuard",
+    "linger_bytes_max",
+    "linger_seconds_max",
     "loopback_host_names",
     "protect",
     "request_body_bytes_max_default",
