@@ -471,7 +471,6 @@ class MemoryIndex:
     ) -> RecallResult:
         depth = max(settings.candidate_depth, limit)
         tenant = recall_filter.tenant
-        lists: list[RankedList] = []
         parsed = text_query(query)
         named, said = self._bitmaps.speakers_mentioned(tenant, parsed.terms)
         if named and not settings.speaker_terms_in_text_query:
@@ -482,13 +481,27 @@ class MemoryIndex:
             recall_filter.tenant, recall_filter.scopes, recall_filter.kinds
         )
         candidates = len(self._bitmaps.candidates(recall_filter))
-        if not parsed.is_empty and allowed:
-            text_match = parsed.match_expression()
+        degraded = None
+        vector_ids: list[int] | None = None
+        if not self.embedder_ready():
+            degraded = "embedder_unavailable"
+        elif allowed and settings.vector_weight > 0.0:
+            assert self._embedder is not None and self._vectors is not None
+            if query_vector is None:
+                query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
+            nearest = self._vectors.search(query_vector, depth, allowed=allowed)
+            vector_ids = [item_id for item_id, _ in nearest]
+        text_match = None if parsed.is_empty or not allowed else parsed.match_expression()
+        weights = (settings.text_column_weights, settings.context_column_weights)
 
-            weights = (settings.text_column_weights, settings.context_column_weights)
-
-            def search(connection: apsw.Connection) -> list[list[int]]:
-                return _store.text_search_lists(
+        def search_fuse_fetch(
+            connection: apsw.Connection,
+        ) -> tuple[list[RankedList], list[tuple[int, float]], int, dict[int, _store.ItemRow]]:
+            # One read per recall: the thread hop to the read pool costs more than the
+            # Python work that rides along with it.
+            lists: list[RankedList] = []
+            if text_match is not None:
+                text_ids, context_ids = _store.text_search_lists(
                     connection,
                     text_match,
                     allowed=allowed,
@@ -497,30 +510,20 @@ class MemoryIndex:
                     facet_expression=facet_expression,
                     candidates=candidates,
                 )
-
-            text_ids, context_ids = await self._database.read(search)
-            lists.append(RankedList("text", text_ids, settings.text_weight))
-            lists.append(RankedList("context", context_ids, settings.context_weight))
-        degraded = None
-        if not self.embedder_ready():
-            degraded = "embedder_unavailable"
-        elif allowed and settings.vector_weight > 0.0:
-            assert self._embedder is not None and self._vectors is not None
-            if query_vector is None:
-                query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
-            nearest = self._vectors.search(query_vector, depth, allowed=allowed)
-            lists.append(
-                RankedList("vector", [item_id for item_id, _ in nearest], settings.vector_weight)
-            )
-        fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
-        if named and settings.speaker_weight > 0.0:
-            spoken = [item_id for item_id, _ in fused if item_id in said]
-            lists.append(RankedList("speaker", spoken, settings.speaker_weight))
+                lists.append(RankedList("text", text_ids, settings.text_weight))
+                lists.append(RankedList("context", context_ids, settings.context_weight))
+            if vector_ids is not None:
+                lists.append(RankedList("vector", vector_ids, settings.vector_weight))
             fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
-        top = fused[:limit]
-        rows = await self._database.read(
-            lambda connection: _store.fetch_items(connection, [item_id for item_id, _ in top])
-        )
+            if named and settings.speaker_weight > 0.0:
+                spoken = [item_id for item_id, _ in fused if item_id in said]
+                lists.append(RankedList("speaker", spoken, settings.speaker_weight))
+                fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
+            top = fused[:limit]
+            rows = _store.fetch_items(connection, [item_id for item_id, _ in top])
+            return lists, top, len(fused), rows
+
+        lists, top, candidates_total, rows = await self._database.read(search_fuse_fetch)
         positions = {
             entry.name: {key: rank for rank, key in reversed(list(enumerate(entry.keys, 1)))}
             for entry in lists
@@ -528,11 +531,11 @@ class MemoryIndex:
         hits = []
         for item_id, score in top:
             row = rows.get(item_id)
-            if row is None or item_id not in allowed:  # deleted between the two reads
+            if row is None or row.deleted:  # deleted since the bitmap was read
                 continue
             ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
             hits.append(self._hit(row, score, ranks))
-        return RecallResult(hits, "hybrid", degraded=degraded, candidates_total=len(fused))
+        return RecallResult(hits, "hybrid", degraded=degraded, candidates_total=candidates_total)
 
     @staticmethod
     def _hit(row: _store.ItemRow, score: float | None, ranks: dict[str, int]) -> RecallHit:
