@@ -43,7 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
     serve.add_argument("--config", default=None, help="troupe.toml to read")
     serve.add_argument("--listen", action="append", default=[], metavar="SURFACE=HOST:PORT",
-                       help="where a surface listens (repeatable; port 0 picks a free port)")
+                       help="where a surface listens (repeatable; port 0 picks a free port; off disables it)")
     serve.add_argument("--trace", default=None, metavar="FILE", help="write the runtime trace (CBOR) to FILE")
 
     sim = commands.add_parser("sim", help="the deterministic simulator")

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from troupe.runtime import KindStatistics
-from troupe.runtime._system import turn_latency_buckets_seconds
+from troupe.runtime import KindStatistics, turn_latency_buckets_seconds
 
 from ._exceptions import MetricsError
 

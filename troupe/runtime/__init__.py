@@ -20,7 +20,13 @@ from ._exceptions import (
 from ._limits import RestartIntensity
 from ._real_env import real_env
 from ._supervisor import ChildSpec, Strategy, Supervisor, SupervisorEscalated
-from ._system import ActorRef, ActorSystem, KindStatistics, open_actor_system
+from ._system import (
+    ActorRef,
+    ActorSystem,
+    KindStatistics,
+    open_actor_system,
+    turn_latency_buckets_seconds,
+)
 from ._trace import Tracer, read_trace
 
 __all__ = [
@@ -53,4 +59,5 @@ __all__ = [
     "open_actor_system",
     "read_trace",
     "real_env",
+    "turn_latency_buckets_seconds",
 ]
