@@ -293,3 +293,23 @@ async def test_drain_passivates_every_live_actor(env, autojump_clock):
             ("passivate", "x"), ("passivate", "y"), ("passivate", "z"),
         ]
         assert store.values == {"x": 1, "y": 1, "z": 1}
+
+
+async def test_turn_timeout_also_applies_to_an_evicted_actor(env, autojump_clock):
+    store = Store()
+    kind = counter_kind(store, turn_timeout_seconds=1)
+    async with open_actor_system(env, [kind], live_actors_max=1) as system:
+        results = []
+
+        async def ask_slow():
+            try:
+                await system.ref("counter", "a").ask(Add(1, pause=50))
+            except ActorCrashed as error:
+                results.append(error.reason)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask_slow)
+            await trio.sleep(0.1)
+            await system.ref("counter", "b").ask(Get())  # evicts a in the middle of its turn
+        assert results and "TooSlowError" in results[0]
+        assert trio.current_time() < 5

@@ -18,7 +18,6 @@ gives up and the root marks the kind ``Unavailable`` while it recovers.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -70,8 +69,8 @@ class _Envelope:
 class _Cell:
     __slots__ = (
         "runtime", "key", "send", "receive", "actor", "restart_times", "timers",
-        "passivate_requested", "detached", "stopped", "finished", "last_active", "busy",
-        "deadline_scope",
+        "passivate_requested", "detached", "stopped", "finished", "last_active",
+        "turn_started", "deadline_scope",
     )
 
     def __init__(self, runtime: _KindRuntime, key: str) -> None:
@@ -86,7 +85,8 @@ class _Cell:
         self.stopped = False
         self.finished = trio.Event()
         self.last_active = 0.0
-        self.busy = False
+        self.turn_started: float | None = None
+        """Monotonic start of the turn (or activation) in progress; None between turns."""
         self.deadline_scope: trio.CancelScope | None = None
 
 
@@ -120,6 +120,8 @@ class _KindRuntime:
         self.failed = trio.Event()
         self.escalation_times: deque[float] = deque()
         self.passivating: dict[str, trio.Event] = {}
+        self.cells: dict[_Cell, None] = {}
+        """Every cell whose task runs, live or detached (insertion-ordered: deterministic)."""
         self.crash_counts: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.statistics = KindStatistics()
 
@@ -287,6 +289,7 @@ class ActorSystem:
         cell = _Cell(runtime, key)
         cell.last_active = self.env.clock.monotonic()
         self._live[(runtime.spec.name, key)] = cell
+        runtime.cells[cell] = None
         runtime.nursery.start_soon(self._run_cell, cell)
         return cell
 
@@ -323,13 +326,14 @@ class ActorSystem:
                     break
             if runtime.passivating.get(cell.key) is cell.finished:
                 del runtime.passivating[cell.key]
+            runtime.cells.pop(cell, None)
             cell.finished.set()
 
     async def _cell_loop(self, cell: _Cell) -> None:
-        # One cancel scope serves every turn of the cell: its deadline is set when a turn (or an
-        # activation) starts and cleared when it ends, which is far cheaper than a fail_after
-        # per message.  If it fires, the turn timed out: that turn crashed, and the loop goes on
-        # in a fresh scope.  Idleness is found by the kind's sweeper, not by a scope per receive.
+        # One cancel scope serves every turn of the cell.  The kind's sweeper cancels it when a
+        # turn has run past ``turn_timeout_seconds`` (a watchdog costs a float per turn, where a
+        # fail_after per message costs two trips through trio's deadline heap).  Then that turn
+        # crashed, and the loop goes on in a fresh scope.  Idleness is found by the same sweeper.
         while not cell.stopped:
             scope = trio.CancelScope()
             cell.deadline_scope = scope
@@ -338,7 +342,7 @@ class ActorSystem:
                 await self._serve(cell, current)
             if not scope.cancelled_caught:
                 break
-            cell.busy = False
+            cell.turn_started = None
             timeout = trio.TooSlowError(f"turn exceeded {cell.runtime.spec.turn_timeout_seconds}s")
             await self._after_crash(cell, current[0], timeout)
         await self._passivate(cell)
@@ -361,36 +365,26 @@ class ActorSystem:
                 # receive_nowait is not a checkpoint: yield once per turn, as receive() would.
                 await trio.lowlevel.checkpoint()
             current[:] = [envelope]
-            cell.busy = True
+            cell.turn_started = clock.monotonic()
             if cell.actor is None and not await self._activate(cell, envelope):
-                cell.busy = False
+                cell.turn_started = None
                 continue
             await self._turn(cell, envelope)
-            cell.busy = False
-            cell.last_active = clock.monotonic()
+            cell.turn_started = None
             if cell.passivate_requested:
                 self._detach(cell)
-
-    def _arm_deadline(self, cell: _Cell) -> None:
-        cell.deadline_scope.deadline = trio.current_time() + cell.runtime.spec.turn_timeout_seconds
-
-    def _disarm_deadline(self, cell: _Cell) -> None:
-        cell.deadline_scope.deadline = math.inf
 
     async def _activate(self, cell: _Cell, envelope: _Envelope) -> bool:
         runtime = cell.runtime
         spec = runtime.spec
         context = ActorContext(spec.name, cell.key, self, cell)
-        self._arm_deadline(cell)
         try:
             actor = spec.factory(context)
             await actor.on_activate()
         except Exception as error:
-            self._disarm_deadline(cell)
             self.tracer.record("activation_failed", spec.name, cell.key, error=type(error).__name__)
             await self._after_crash(cell, envelope, error)
             return False
-        self._disarm_deadline(cell)
         cell.actor = actor
         runtime.statistics.activations += 1
         self.tracer.record("activate", spec.name, cell.key)
@@ -407,8 +401,6 @@ class ActorSystem:
             return
         self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__)
         clock = self.env.clock
-        started = clock.monotonic()
-        self._arm_deadline(cell)
         try:
             if isinstance(message, ReminderFired):
                 await cell.actor.on_reminder(message.name, message.payload)
@@ -417,11 +409,11 @@ class ActorSystem:
             else:
                 result = await cell.actor.receive(message)
         except Exception as error:
-            self._disarm_deadline(cell)
             await self._after_crash(cell, envelope, error)
             return
-        self._disarm_deadline(cell)
-        elapsed = clock.monotonic() - started
+        finished = clock.monotonic()
+        cell.last_active = finished
+        elapsed = finished - cell.turn_started
         statistics = runtime.statistics
         statistics.turns += 1
         statistics.turn_seconds_total += elapsed
@@ -513,7 +505,7 @@ class ActorSystem:
             async with trio.open_nursery() as nursery:
                 runtime.nursery = nursery
                 runtime.available = True
-                nursery.start_soon(self._idle_sweeper, runtime)
+                nursery.start_soon(self._sweeper, runtime)
                 task_status.started()
                 await runtime.failed.wait()
                 nursery.cancel_scope.cancel()
@@ -525,23 +517,29 @@ class ActorSystem:
 
         return ChildSpec(f"kind:{name}", run, on_unavailable=unavailable)
 
-    async def _idle_sweeper(self, runtime: _KindRuntime) -> None:
-        """Passivates this kind's actors idle for ``idle_seconds`` (found within a quarter of
-        that): one task per kind instead of a timeout scope on every receive."""
-        idle_seconds = runtime.spec.idle_seconds
-        period = idle_seconds / 4
+    async def _sweeper(self, runtime: _KindRuntime) -> None:
+        """Per kind: passivates actors idle for ``idle_seconds`` and cancels turns running past
+        ``turn_timeout_seconds``, each found within a quarter of its limit.  One task per kind
+        replaces a timeout scope per message."""
+        spec = runtime.spec
+        period = min(spec.idle_seconds, spec.turn_timeout_seconds) / 4
         clock = self.env.clock
         while True:
             await trio.sleep(period)
-            cutoff = clock.monotonic() - idle_seconds
-            idle = [
-                cell
-                for cell in self._live.values()
-                if cell.runtime is runtime
-                and not cell.busy
-                and cell.last_active <= cutoff
-                and cell.send.statistics().current_buffer_used == 0
-            ]
+            now = clock.monotonic()
+            idle_cutoff = now - spec.idle_seconds
+            turn_cutoff = now - spec.turn_timeout_seconds
+            idle = []
+            for cell in runtime.cells:
+                if cell.turn_started is not None:
+                    if cell.turn_started <= turn_cutoff and cell.deadline_scope is not None:
+                        cell.deadline_scope.cancel()
+                elif (
+                    not cell.detached
+                    and cell.last_active <= idle_cutoff
+                    and cell.send.statistics().current_buffer_used == 0
+                ):
+                    idle.append(cell)
             for cell in idle:
                 self._detach(cell)
 
