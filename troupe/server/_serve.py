@@ -22,6 +22,7 @@ running after the grace period are cancelled rather than waited for indefinitely
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -30,18 +31,24 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, BinaryIO
 
+import httpx
 import hypercorn.trio
 import trio
 from hypercorn.config import Config as HypercornConfig
 
 from troupe._config import ConfigError, ServeOptions, load_serve_options
 from troupe.http import ShutdownSignal
+from troupe.models import embedder_from_environment, model_from_configuration
 from troupe.runtime import ActorSystem, Tracer, real_env
 from troupe.storage import Engine, StorageError
 
 from ._exceptions import ServeError, UnknownSurface
 from ._listeners import BoundListener, bind_listener, resolve_listener
 from ._surfaces import Surface, SurfaceContext, default_surfaces
+
+outbound_timeout_seconds = 30.0
+outbound_limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
+"""Outbound HTTP (model providers, webhooks): every request bounded in time and connections."""
 
 exit_code_ok = 0
 exit_code_failed = 1
@@ -179,6 +186,11 @@ async def _run(
     task_status: trio.TaskStatus[ServerHandle],
 ) -> None:
     env = real_env(options.data_dir)
+    # The Env's remaining ports: outbound HTTP, the text-generation model and the embedder,
+    # chosen by environment variables (docs/models.md, docs/operations.md).
+    env.model = model_from_configuration(os.environ)
+    env.embedder = embedder_from_environment(os.environ)
+    env.http = httpx.AsyncClient(timeout=outbound_timeout_seconds, limits=outbound_limits)
     tracer = Tracer(enabled=True, time_source=env.clock.wall, sink=trace_sink) if trace_sink else None
     state = ServerState()
     shutdown = ShutdownSignal()
@@ -198,6 +210,7 @@ async def _run(
                 storage=state.engine,
                 tracer=tracer,
                 services=[service for surface in surfaces for service in surface.services],
+                transient_errors=(StorageError,),
             )
             state.system = system
             system_scope = trio.CancelScope()
@@ -213,6 +226,7 @@ async def _run(
         finally:
             state.storage_open = False
             with trio.CancelScope(shield=True):
+                await env.http.aclose()
                 await state.engine.aclose()
         nursery.cancel_scope.cancel()  # the signal watcher
     if trace_sink is not None:

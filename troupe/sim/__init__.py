@@ -5,6 +5,7 @@ Env with crashes, I/O faults, disk full and clock jumps, and checks the register
 invariants; ``sweep``, ``shrink`` and ``replay`` build on it (see docs/simulator.md).
 """
 
+from ._network import NetworkFaults, SimulatedNetwork, simulated_http_client
 from ._sim_env import InlineExecutor, SimClock, SimIds, SimRandom, sim_env
 from ._simulation import SimulationConfig, SimulationResult, fault_names, run_simulation
 from ._sweep import config_from_replay, replay, replay_document, shrink, sweep
@@ -12,6 +13,8 @@ from ._workload import Workload, World, make_workloads, register_workload, workl
 
 __all__ = [
     "InlineExecutor",
+    "NetworkFaults",
+    "SimulatedNetwork",
     "SimClock",
     "SimIds",
     "SimRandom",
@@ -28,6 +31,7 @@ __all__ = [
     "run_simulation",
     "shrink",
     "sim_env",
+    "simulated_http_client",
     "sweep",
     "workload_names",
 ]

@@ -80,10 +80,21 @@ class InlineExecutor:
 
 
 def sim_env(seed: int, data_dir: str, *, vfs_name: str | None = None) -> Env:
+    """A seeded Env: the deterministic LocalModel and HashedEmbedder, and a simulated network
+    (``env.extras["network"]``) behind ``env.http``, with its own seeded random stream."""
+    from troupe.models import HashedEmbedder, LocalModel
+
+    from ._network import SimulatedNetwork, simulated_http_client
+
+    network = SimulatedNetwork(SimRandom(seed * 104729 + 7))
     return Env(
         clock=SimClock(),
         random=SimRandom(seed),
         ids=SimIds(),
         storage=SimStorageOpener(data_dir, vfs_name),
         executor=InlineExecutor(),
+        http=simulated_http_client(network),
+        model=LocalModel(),
+        embedder=HashedEmbedder(),
+        extras={"network": network},
     )
