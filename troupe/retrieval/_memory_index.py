@@ -90,8 +90,11 @@ class RecallSettings:
     vector_weight: float = 0.5
     # Index-time: how much of an item's conversational context is mixed into its vector.
     context_vector_weight: float = 0.5
-    # Columns of the "text" list (message and its time words; not its context).
-    text_column_weights: tuple[float, float, float] = (1.0, 0.0, 0.5)
+    # Columns of the "text" list: the message and its time words, its context only a little.
+    # Not zero: items that match only through their context would all score 0 and be
+    # ordered by id, i.e. oldest first, crowding out better candidates (measured: 0 -> 0.15
+    # took LoCoMo recall@10 from 0.718 to 0.758).
+    text_column_weights: tuple[float, float, float] = (1.0, 0.15, 0.5)
     context_column_weights: tuple[float, float, float] = _store.text_column_weights_default
     # A query that names a speaker ("what did Alice paint?") is about what that speaker
     # said: their items get an extra list, and the name leaves the text query, where it

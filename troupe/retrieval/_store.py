@@ -29,7 +29,7 @@ from ._tokenizer import fts5_tokenize_spec
 
 # bm25() column weights for (text, context, when): the message itself counts most; the
 # conversation around it and its date in words help find it but must not outrank it.
-text_column_weights_default = (1.0, 0.35, 0.5)
+text_column_weights_default = (1.0, 0.5, 0.5)
 text_search_rows_max = 200_000
 text_single_scan_candidates_max = 50_000
 
