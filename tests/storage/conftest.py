@@ -1,55 +1,26 @@
-"""A tiny Env for storage tests: real clock, seeded randomness, a tmp data dir, and either
-worker threads or the simulator's inline executor."""
+"""A tiny Env for storage tests: real clock, the simulator's seeded randomness and ids, a tmp
+data dir, and either worker threads or the simulator's inline executor."""
 
 from __future__ import annotations
 
 import itertools
-import random
-from dataclasses import dataclass
 
 import pytest
 
 from troupe.runtime._env import Env
 from troupe.runtime._real_env import RealClock, ThreadExecutor
+from troupe.sim import SimIds, SimRandom
+from troupe.sim._sim_env import SimStorageOpener
 from troupe.storage import InlineExecutor
 
 _vfs_names = itertools.count(1)
 
-
-class SeededRandom:
-    def __init__(self, seed: int) -> None:
-        self._random = random.Random(seed)
-
-    def random(self) -> float:
-        return self._random.random()
-
-    def randrange(self, start: int, stop: int) -> int:
-        return self._random.randrange(start, stop)
-
-    def token_bytes(self, count: int) -> bytes:
-        return self._random.randbytes(count)
-
-
-class CountingIds:
-    def __init__(self) -> None:
-        self._counter = itertools.count(1)
-
-    def new_id(self, prefix: str = "") -> str:
-        return f"{prefix}{next(self._counter):016x}"
-
-
-@dataclass
-class StorageOpener:
-    data_dir: str
-    vfs_name: str | None = None
-
-
 def make_env(data_dir, executor, vfs_name: str | None = None, seed: int = 1) -> Env:
     return Env(
         clock=RealClock(),
-        random=SeededRandom(seed),
-        ids=CountingIds(),
-        storage=StorageOpener(str(data_dir), vfs_name),
+        random=SimRandom(seed),
+        ids=SimIds(),
+        storage=SimStorageOpener(str(data_dir), vfs_name),
         executor=executor,
     )
 
