@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import re
 import statistics
@@ -56,6 +57,50 @@ def resolve_embedder(name: str | None):
         print(f"no embedder registry; using hashed instead of {name!r}", file=sys.stderr)
         return HashedEmbedder()
     return embedder_by_name(name)
+
+
+class CachedEmbedder:
+    """Bench-only: remembers embeddings on disk by (fingerprint, purpose, text), so fusion
+    settings can be compared without re-running a slow neural model.  Same interface as the
+    wrapped embedder; the cache never changes what a vector is."""
+
+    def __init__(self, inner, path: str) -> None:
+        self._inner = inner
+        self._path = Path(path)
+        self.name = inner.name
+        self.dimensions = inner.dimensions
+        self.fingerprint = inner.fingerprint
+        self._vectors: dict[str, numpy.ndarray] = {}
+        if self._path.exists():
+            with numpy.load(self._path) as stored:
+                self._vectors = {key: stored[key] for key in stored.files}
+        self._dirty = False
+
+    def ready(self) -> bool:
+        return self._inner.ready()
+
+    async def warm_up(self) -> None:
+        warm_up = getattr(self._inner, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
+
+    def _key(self, purpose: str, text: str) -> str:
+        return hashlib.sha1(f"{self.fingerprint}\0{purpose}\0{text}".encode()).hexdigest()
+
+    async def embed(self, texts, *, purpose):
+        keys = [self._key(purpose, text) for text in texts]
+        missing = [index for index, key in enumerate(keys) if key not in self._vectors]
+        if missing:
+            computed = await self._inner.embed([texts[index] for index in missing], purpose=purpose)
+            for index, vector in zip(missing, computed, strict=True):
+                self._vectors[keys[index]] = numpy.asarray(vector, dtype=numpy.float32)
+            self._dirty = True
+        return numpy.stack([self._vectors[key] for key in keys]) if keys else numpy.zeros((0, self.dimensions), numpy.float32)
+
+    def save(self) -> None:
+        if self._dirty:
+            numpy.savez(self._path, **self._vectors)
+            self._dirty = False
 
 
 def normalise_evidence(raw: list[str], known: set[str]) -> tuple[list[str], int]:
@@ -139,6 +184,8 @@ async def run(arguments) -> dict:
     data = json.loads(Path(arguments.data).read_text())
     ks = sorted(int(k) for k in arguments.k.split(","))
     embedder = resolve_embedder(arguments.embedder)
+    if embedder is not None and arguments.embedding_cache:
+        embedder = CachedEmbedder(embedder, arguments.embedding_cache)
     warm_up = getattr(embedder, "warm_up", None)
     if warm_up is not None:  # neural embedders load weights first; recall would degrade
         await warm_up()
@@ -198,6 +245,8 @@ async def run(arguments) -> dict:
                     )
             finally:
                 await engine.aclose()
+                if isinstance(embedder, CachedEmbedder):
+                    embedder.save()
     report = {
         "bench": "recall_locomo",
         "data": Path(arguments.data).name,
@@ -225,6 +274,8 @@ def main() -> None:
     parser.add_argument("--k", default="5,10")
     parser.add_argument("--settings", default="{}", help="RecallSettings overrides as JSON")
     parser.add_argument("--context", default="2,2", help="turns before,after folded in")
+    parser.add_argument("--embedding-cache", default=None, metavar="FILE.npz",
+                        help="bench only: reuse embeddings across runs (query latency then excludes the model)")
     arguments = parser.parse_args()
     print(json.dumps(trio.run(run, arguments), ensure_ascii=False))
 

@@ -1,5 +1,6 @@
 """troupe.retrieval: hybrid recall (BM25 + vectors + RRF + time windows) for every surface."""
 
+from ._background import EmbeddingService
 from ._conversation import ConversationTurn, conversation_items
 from ._exceptions import DuplicateItem, EmbedderMismatch, InvalidTimeWindow, RetrievalError
 from ._filters import RecallFilter
@@ -22,6 +23,7 @@ __all__ = [
     "Database",
     "DuplicateItem",
     "EmbedderMismatch",
+    "EmbeddingService",
     "InvalidTimeWindow",
     "MemoryIndex",
     "MemoryItem",

@@ -292,6 +292,10 @@ class MemoryIndex:
         if self._vectors is not None and self._vector_path is not None:
             self._vectors.save(self._vector_path)
 
+    @property
+    def embedder(self) -> Embedder | None:
+        return self._embedder
+
     def embedder_ready(self) -> bool:
         return self._embedder is not None and self._vectors is not None and self._embedder.ready()
 
