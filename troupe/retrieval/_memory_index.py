@@ -240,8 +240,8 @@ class MemoryIndex:
             settings=settings or RecallSettings(),
         )
         rows = await database.read(lambda connection: list(_store.facet_rows(connection)))
-        for row in rows:
-            index._bitmaps.add_row(*row)
+        index._bitmaps.load_rows(rows)
+        del rows
         if embedder is not None:
             await index._open_vectors(embedder)
         return index
@@ -343,6 +343,11 @@ class MemoryIndex:
         ids, sequence = await self._database.write(write)
         for item_id, row in zip(ids, rows, strict=True):
             self._bitmaps.add(item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker)
+        self._bitmaps.set_times(
+            numpy.asarray(ids),
+            numpy.fromiter((row.time_start for row in rows), float, len(rows)),
+            numpy.fromiter((row.time_end for row in rows), float, len(rows)),
+        )
         if vectors is not None and self._vectors is not None:
             self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64), vectors)
             self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
@@ -425,10 +430,8 @@ class MemoryIndex:
             return await self._recall_by_time(window, recall_filter, limit)
         allowed = self._bitmaps.allowed(recall_filter)
         if window is not None:
-            tenant, start, end = recall_filter.tenant, window.start_seconds, window.end_seconds
-            allowed &= await self._database.read(
-                lambda connection: _store.time_window_ids(connection, tenant, start, end)
-            )
+            # In memory (see ``FacetBitmaps.in_window``): no SQL range scan, no thread hop.
+            allowed = self._bitmaps.in_window(allowed, window.start_seconds, window.end_seconds)
         result = await self._recall_hybrid(
             query, recall_filter, allowed, limit, settings, query_vector
         )
@@ -455,11 +458,8 @@ class MemoryIndex:
         self, window: TimeWindow, recall_filter: RecallFilter, limit: int
     ) -> RecallResult:
         allowed = self._bitmaps.allowed(recall_filter)
-        tenant, start, end = recall_filter.tenant, window.start_seconds, window.end_seconds
-        found = await self._database.read(
-            lambda connection: _store.time_ordered_ids(
-                connection, tenant, start, end, allowed=allowed, limit=limit
-            )
+        found = self._bitmaps.nearest_in_time(
+            allowed, window.start_seconds, window.end_seconds, limit
         )
         rows = await self._database.read(
             lambda connection: _store.fetch_items(connection, [item_id for item_id, _ in found])

@@ -7,10 +7,14 @@ to a file with the highest sequence it contains, and is told at start-up to catc
 there or to rebuild when the file is missing, unreadable, of another fingerprint or
 inconsistent with the tables.
 
-usearch has no filtered search in Python, so filtering is designed around it: when the
-allowed set is small the search is exact over exactly those vectors; otherwise it
+usearch has no filtered search in Python, so filtering is designed around it: the graph
 over-fetches in proportion to how selective the filter is and grows the fetch until ``count``
-allowed hits are found or the graph is exhausted.  Removed keys are removed from the graph,
+allowed hits are found or the graph is exhausted; when that fetch would cost more than
+scanning the allowed vectors themselves, the search is exact over exactly those (gathered
+from a dense f16 mirror and scanned by usearch's SIMD brute force).  Measured on 2 cores,
+384 dimensions: a graph search costs about 3.5 µs per result fetched, an exact scan under
+1 µs per allowed item, so a filter admitting 1% of a million items (10k allowed, a 15k
+fetch) is ~5× cheaper exact.  Removed keys are removed from the graph,
 and callers filter by their tombstone bitmap as well, so a vector file saved before a
 deletion can never resurrect the item.
 
@@ -28,8 +32,14 @@ from dataclasses import dataclass
 import numpy
 from pyroaring import BitMap
 from usearch.index import Index
+from usearch.index import search as usearch_search
 
+# Allowed sets this small are always searched exactly.
 vector_exact_search_items_max = 4096
+# Cost of one graph result fetched relative to one vector scanned exactly (measured ~4).
+vector_graph_fetch_cost_per_exact_item = 4.0
+# Vectors per ``get`` call when copying a loaded graph into the mirror (bounds the copy).
+vector_mirror_load_batch_items = 65_536
 vector_search_expansion_default = 128
 vector_search_rounds_max = 6
 # usearch's default (128) halves insert speed for no recall we could measure on our vectors.
@@ -90,11 +100,14 @@ class VectorIndex:
         loaded.high_water_sequence = state.high_water_sequence
         keys = numpy.asarray(restored.keys, dtype=numpy.uint64)
         if len(keys):
-            loaded._mirror_store(keys, numpy.vstack(restored.get(keys, dtype=numpy.float32)))
+            loaded._mirror_capacity(int(keys.max()))
+        for first in range(0, len(keys), vector_mirror_load_batch_items):
+            batch = keys[first : first + vector_mirror_load_batch_items]
+            loaded._mirror_store(batch, numpy.vstack(restored.get(batch, dtype=numpy.float16)))
         return loaded
 
-    def _mirror_store(self, keys: numpy.ndarray, vectors: numpy.ndarray) -> None:
-        highest = int(keys.max()) + 1
+    def _mirror_capacity(self, highest_id: int) -> None:
+        highest = highest_id + 1
         if highest > len(self._present):
             capacity = max(highest, 2 * len(self._present), 1024)
             mirror = numpy.zeros((capacity, self.dimensions), dtype=numpy.float16)
@@ -102,6 +115,9 @@ class VectorIndex:
             present = numpy.zeros(capacity, dtype=bool)
             present[: len(self._present)] = self._present
             self._mirror, self._present = mirror, present
+
+    def _mirror_store(self, keys: numpy.ndarray, vectors: numpy.ndarray) -> None:
+        self._mirror_capacity(int(keys.max()))
         self._mirror[keys.astype(numpy.int64)] = vectors
         self._present[keys.astype(numpy.int64)] = True
 
@@ -125,7 +141,7 @@ class VectorIndex:
         keys = numpy.asarray(ids, dtype=numpy.uint64)
         if len(keys) == 0:
             return
-        present = numpy.array([self._index.contains(int(key)) for key in keys], dtype=bool)
+        present = numpy.asarray(self._index.contains(keys), dtype=bool).reshape(-1)
         if present.any():
             self._index.remove(keys[present])
         vectors = numpy.asarray(vectors, dtype=numpy.float32)
@@ -150,8 +166,6 @@ class VectorIndex:
         if size == 0 or (allowed is not None and len(allowed) == 0):
             return []
         query = numpy.asarray(query, dtype=numpy.float32).reshape(-1)
-        if allowed is not None and len(allowed) <= vector_exact_search_items_max:
-            return self._exact_search(query, count, allowed)
         if allowed is None:
             matches = self._index.search(query, min(count, size))
             return [
@@ -159,6 +173,11 @@ class VectorIndex:
             ]
         selectivity = len(allowed) / max(size, len(allowed))
         fetch = min(size, math.ceil(count / selectivity * 1.5) + count)
+        if (
+            len(allowed) <= vector_exact_search_items_max
+            or len(allowed) <= fetch * vector_graph_fetch_cost_per_exact_item
+        ):
+            return self._exact_search(query, count, allowed)
         for _ in range(vector_search_rounds_max):
             matches = self._index.search(query, fetch)
             found = [
@@ -181,11 +200,16 @@ class VectorIndex:
         keys = keys[self._present[keys]]
         if len(keys) == 0:
             return []
-        vectors = self._mirror[keys].astype(numpy.float32)
-        norms = numpy.linalg.norm(vectors, axis=1)
-        norms[norms == 0.0] = 1.0
-        similarity = (vectors @ query) / norms / max(float(numpy.linalg.norm(query)), 1e-12)
-        take = min(count, len(keys))
-        best = numpy.argpartition(-similarity, take - 1)[:take]
-        best = best[numpy.argsort(-similarity[best], kind="stable")]
-        return [(int(keys[i]), float(1.0 - similarity[i])) for i in best]
+        # usearch's brute force reads f16 directly (numpy would first widen every vector to
+        # f32, which costs more than the scan); its keys are positions in ``keys``.
+        matches = usearch_search(
+            self._mirror[keys],
+            query.astype(numpy.float16),
+            min(count, len(keys)),
+            metric="cos",
+            exact=True,
+        )
+        return [
+            (int(keys[position]), float(distance))
+            for position, distance in zip(matches.keys, matches.distances, strict=True)
+        ]
