@@ -138,8 +138,15 @@ def row_facet_tokens(row: ItemRow) -> str:
 def facet_match_expression(
     tenant: str, scopes: Iterable[str] | None, kinds: Iterable[str] | None
 ) -> str:
-    """The FTS5 expression that admits a tenant (and any of the scopes, any of the kinds)."""
-    parts = [f'"{tenant_token(tenant)}"']
+    """The FTS5 expression that admits a tenant (and any of the scopes, any of the kinds).
+
+    Scope and kind tokens already name their tenant, so the tenant's own token (whose
+    posting list is the longest: every item of the tenant) is only used when neither is
+    given; FTS5 then intersects the query with a few short posting lists.
+    """
+    parts = []
+    if scopes is None and kinds is None:
+        parts.append(f'"{tenant_token(tenant)}"')
     if scopes is not None:
         parts.append("(" + " OR ".join(f'"{scope_token(tenant, s)}"' for s in sorted(scopes)) + ")")
     if kinds is not None:
@@ -152,39 +159,40 @@ def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[i
 
     Two ``executemany`` calls (one per table) instead of two statements per row: a bulk
     build spends its time in the tokenizer, not in statement dispatch.  On a duplicate key
-    the caller's savepoint rolls the whole batch back, and the key is named from a lookup.
+    the caller's savepoint rolls the whole batch back.
     """
     if not rows:
         return []
+    ids: list[int] = []
     try:
-        ids = [
-            item_id
-            for (item_id,) in connection.executemany(
-                "INSERT INTO retrieval_items(key, tenant, scope, kind, speaker, visibility, text,"
-                " context, created_at, event_start, event_end, time_start, time_end)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
-                [
-                    (
-                        row.key,
-                        row.tenant,
-                        row.scope,
-                        row.kind,
-                        row.speaker,
-                        visibility_separator.join(sorted(row.visibility)),
-                        row.text,
-                        row.context,
-                        row.created_at,
-                        row.event_start,
-                        row.event_end,
-                        row.time_start,
-                        row.time_end,
-                    )
-                    for row in rows
-                ],
-            )
-        ]
+        # RETURNING yields each id as its row is written, so on a constraint error the
+        # failing row is the one after the last id received.
+        for (item_id,) in connection.executemany(
+            "INSERT INTO retrieval_items(key, tenant, scope, kind, speaker, visibility, text,"
+            " context, created_at, event_start, event_end, time_start, time_end)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+            [
+                (
+                    row.key,
+                    row.tenant,
+                    row.scope,
+                    row.kind,
+                    row.speaker,
+                    visibility_separator.join(sorted(row.visibility)),
+                    row.text,
+                    row.context,
+                    row.created_at,
+                    row.event_start,
+                    row.event_end,
+                    row.time_start,
+                    row.time_end,
+                )
+                for row in rows
+            ],
+        ):
+            ids.append(item_id)
     except apsw.ConstraintError as exc:
-        raise DuplicateItem(_duplicate_key(connection, rows)) from exc
+        raise DuplicateItem(rows[min(len(ids), len(rows) - 1)].key) from exc
     assert len(ids) == len(rows)
     connection.executemany(
         "INSERT INTO retrieval_text(rowid, text, context, time_words, facets) VALUES (?,?,?,?,?)",
@@ -194,18 +202,6 @@ def insert_items(connection: apsw.Connection, rows: Sequence[ItemRow]) -> list[i
         ],
     )
     return ids
-
-
-def _duplicate_key(connection: apsw.Connection, rows: Sequence[ItemRow]) -> str:
-    """The first key of ``rows`` that repeats within them or is already stored."""
-    seen: set[str] = set()
-    for row in rows:
-        if row.key in seen:
-            return row.key
-        seen.add(row.key)
-        for _ in connection.execute("SELECT 1 FROM retrieval_items WHERE key = ?", (row.key,)):
-            return row.key
-    return rows[0].key
 
 
 def ids_for_keys(connection: apsw.Connection, keys: Iterable[str]) -> dict[str, int]:
