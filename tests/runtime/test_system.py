@@ -313,3 +313,38 @@ async def test_turn_timeout_also_applies_to_an_evicted_actor(env, autojump_clock
             await system.ref("counter", "b").ask(Get())  # evicts a in the middle of its turn
         assert results and "TooSlowError" in results[0]
         assert trio.current_time() < 5
+
+
+async def test_a_cell_evicted_before_it_ran_still_waits_for_its_predecessor(env, autojump_clock):
+    """Three lives of one key in a row: each must load only after the previous passivated."""
+    events = []
+
+    class Slow(Actor):
+        async def on_activate(self):
+            events.append(("activate", self.context.key))
+
+        async def receive(self, message):
+            return message
+
+        async def on_passivate(self):
+            events.append(("passivate-start", self.context.key))
+            await trio.sleep(5)
+            events.append(("passivate-end", self.context.key))
+
+    async with open_actor_system(env, [ActorKind("slow", Slow)], live_actors_max=1) as system:
+        await system.ref("slow", "a").ask(1)
+        system.ref("slow", "b").tell(1)  # evicts a (slow passivation begins)
+        system.ref("slow", "a").tell(2)  # new cell for a, evicts b before either task ran
+        system.ref("slow", "b").tell(3)  # evicts the new a before its task ran
+        await trio.sleep(30)
+        for key in "ab":
+            lives = [event[0] for event in events if event[1] == key]
+            # Never an activation while a passivation of the same key is in progress.
+            depth = 0
+            for event in lives:
+                if event == "activate":
+                    assert depth == 0, events
+                elif event == "passivate-start":
+                    depth += 1
+                elif event == "passivate-end":
+                    depth -= 1

@@ -70,7 +70,7 @@ class _Cell:
     __slots__ = (
         "runtime", "key", "send", "receive", "actor", "restart_times", "timers",
         "passivate_requested", "detached", "stopped", "finished", "last_active",
-        "turn_started", "deadline_scope",
+        "turn_started", "deadline_scope", "predecessor",
     )
 
     def __init__(self, runtime: _KindRuntime, key: str) -> None:
@@ -88,6 +88,9 @@ class _Cell:
         self.turn_started: float | None = None
         """Monotonic start of the turn (or activation) in progress; None between turns."""
         self.deadline_scope: trio.CancelScope | None = None
+        self.predecessor: trio.Event | None = runtime.passivating.get(key)
+        """Set when the previous cell of this key has finished passivating: captured at
+        creation, because by the time this cell's task starts it may have been detached too."""
 
 
 @dataclass
@@ -308,10 +311,9 @@ class ActorSystem:
 
     async def _run_cell(self, cell: _Cell) -> None:
         runtime = cell.runtime
-        previous = runtime.passivating.get(cell.key)
         try:
-            if previous is not None and previous is not cell.finished:
-                await previous.wait()
+            if cell.predecessor is not None:
+                await cell.predecessor.wait()
             await self._cell_loop(cell)
         finally:
             self._detach(cell)
