@@ -348,3 +348,20 @@ async def test_a_cell_evicted_before_it_ran_still_waits_for_its_predecessor(env,
                     depth += 1
                 elif event == "passivate-end":
                     depth -= 1
+
+
+async def test_restart_intensity_survives_passivation(env, autojump_clock):
+    """Found by the simulator once actors passivated often: a crash, an idle passivation and a
+    second crash within the period must escalate, not start a fresh budget."""
+    store = Store()
+    kind = counter_kind(store, idle_seconds=0.4, intensity=RestartIntensity(1, 5.0))
+    async with open_actor_system(env, [kind]) as system:
+        ref = system.ref("counter", "a")
+        with pytest.raises(ActorCrashed):
+            await ref.ask(Boom("1"))
+        await trio.sleep(1)  # idle: passivated
+        assert system.live_count == 0
+        with pytest.raises(ActorCrashed):
+            await ref.ask(Boom("2"))
+        statistics = system.statistics()["counter"]
+        assert statistics.restarts == 1 and statistics.escalations == 1

@@ -5,6 +5,7 @@ Relations between limits are asserted at import so that a bad edit fails loudly.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 mailbox_messages_max = 1024
@@ -33,6 +34,9 @@ recovery_backoff_seconds_max = 30.0
 
 poison_fingerprints_max = 4096
 """Crash counts remembered per kind for poison detection (LRU)."""
+
+restart_histories_max = 4096
+"""Actors per kind whose recent restarts are remembered across passivation (LRU)."""
 
 retry_after_seconds_min = 0.05
 retry_after_seconds_max = 30.0
@@ -64,6 +68,14 @@ class RestartIntensity:
     def __post_init__(self) -> None:
         assert self.restarts_max >= 0
         assert self.period_seconds > 0
+
+    def admits(self, restart_times: deque[float], now: float) -> bool:
+        """Records a restart at ``now`` in ``restart_times`` (a sliding window, pruned here)
+        and says whether the intensity still allows it."""
+        restart_times.append(now)
+        while restart_times and now - restart_times[0] > self.period_seconds:
+            restart_times.popleft()
+        return len(restart_times) <= self.restarts_max
 
 
 assert mailbox_messages_max >= 1

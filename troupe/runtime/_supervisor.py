@@ -164,11 +164,7 @@ class Supervisor:
         await self._restart(spec)
 
     def _within_intensity(self) -> bool:
-        now = self._clock()
-        self._restart_times.append(now)
-        while self._restart_times and now - self._restart_times[0] > self.intensity.period_seconds:
-            self._restart_times.popleft()
-        return len(self._restart_times) <= self.intensity.restarts_max
+        return self.intensity.admits(self._restart_times, self._clock())
 
     async def _restart(self, spec: ChildSpec) -> None:
         index = self.children.index(spec)

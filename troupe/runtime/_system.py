@@ -68,7 +68,7 @@ class _Envelope:
 
 class _Cell:
     __slots__ = (
-        "runtime", "key", "send", "receive", "actor", "restart_times", "timers",
+        "runtime", "key", "send", "receive", "actor", "timers",
         "passivate_requested", "detached", "stopped", "finished", "last_active",
         "turn_started", "deadline_scope", "predecessor",
     )
@@ -78,7 +78,6 @@ class _Cell:
         self.key = key
         self.send, self.receive = trio.open_memory_channel[_Envelope](runtime.spec.mailbox_messages_max)
         self.actor: Actor | None = None
-        self.restart_times: deque[float] = deque()
         self.timers: dict[str, trio.CancelScope] = {}
         self.passivate_requested = False
         self.detached = False
@@ -126,19 +125,15 @@ class _KindRuntime:
         self.cells: dict[_Cell, None] = {}
         """Every cell whose task runs, live or detached (insertion-ordered: deterministic)."""
         self.crash_counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.restart_histories: OrderedDict[str, deque[float]] = OrderedDict()
+        """Recent restarts per actor key.  They outlive the cell: an actor that crashes,
+        passivates and comes back must not get a fresh intensity budget each time."""
         self.statistics = KindStatistics()
 
 
 def _fingerprint(message: Any) -> str:
     # Messages are frozen dataclasses; their repr is deterministic and names every field.
     return f"{type(message).__qualname__}:{message!r}"
-
-
-def _within(times: deque[float], now: float, intensity: RestartIntensity) -> bool:
-    times.append(now)
-    while times and now - times[0] > intensity.period_seconds:
-        times.popleft()
-    return len(times) <= intensity.restarts_max
 
 
 class ActorRef:
@@ -450,15 +445,20 @@ class ActorSystem:
             scope.cancel()
         cell.timers.clear()
         now = self.env.clock.monotonic()
-        if _within(cell.restart_times, now, spec.intensity):
+        history = runtime.restart_histories.pop(cell.key, None) or deque()
+        runtime.restart_histories[cell.key] = history
+        while len(runtime.restart_histories) > _limits.restart_histories_max:
+            runtime.restart_histories.popitem(last=False)
+        if spec.intensity.admits(history, now):
             statistics.restarts += 1
             self.tracer.record("restart", spec.name, cell.key)
             return
         statistics.escalations += 1
+        del runtime.restart_histories[cell.key]  # escalation hands the decision upwards
         self.tracer.record("escalate", spec.name, cell.key)
         cell.stopped = True
         self._detach(cell)
-        if not _within(runtime.escalation_times, now, spec.kind_intensity):
+        if not spec.kind_intensity.admits(runtime.escalation_times, now):
             self._kind_failed(runtime)
 
     async def _passivate(self, cell: _Cell) -> None:

@@ -45,6 +45,8 @@ ask_timeout_seconds = 10.0
 client_pause_seconds_max = 0.05
 transfer_retry_seconds = 1.0
 amount_max = 100
+idle_seconds = 2.0
+"""Short, so idle passivation happens between a client's requests, not only at shutdown."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,10 @@ class BankWorkload:
         self.counter = 0
 
     def actor_kinds(self, world: World) -> list[ActorKind]:
-        return [ActorKind("account", Account), ActorKind("transfer", Transfer)]
+        return [
+            ActorKind("account", Account, idle_seconds=idle_seconds),
+            ActorKind("transfer", Transfer, idle_seconds=idle_seconds),
+        ]
 
     def migrations(self) -> list[Any]:
         return []

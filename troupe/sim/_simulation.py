@@ -41,6 +41,8 @@ clock_jump_seconds_max = 3600.0
 io_error_probability = 0.002
 disk_full_probability = 0.001
 quiescence_seconds = 120.0
+live_actors_max = 5
+"""Small on purpose: LRU eviction and re-activation happen all the time under the workload."""
 generations_max = 1000
 """A run that needs more restarts than this is stuck, not unlucky."""
 
@@ -190,6 +192,7 @@ async def _generation(config, world, workloads, migrations, fault_plan, decision
                 kinds,
                 storage=engine,
                 tracer=world.tracer,
+                live_actors_max=live_actors_max,
                 root_intensity=RestartIntensity(runtime_limits.restarts_max, runtime_limits.period_seconds),
                 transient_errors=(StorageError,),
             )
