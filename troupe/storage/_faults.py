@@ -53,7 +53,8 @@ class FaultPlan:
         """Raise the fault chosen for this operation, if any."""
         if not self.enabled:
             return
-        draw = self.random.random()
+        source = self.random  # the injected seeded source, never the global random module
+        draw = source.random()
         full_threshold = self.disk_full_probability if may_be_full else 0.0
         if draw < full_threshold:
             self.disk_full_injected += 1
