@@ -159,3 +159,14 @@ async def test_reminder_attempts_upsert_and_delete(inline_env):
         assert await engine.read(lambda c: reminders_for(c, "w", "h")) == []
         with pytest.raises(ValueError):
             await engine.read(lambda c: reminders_due(c, 0.0, 0))
+
+
+async def test_reminder_delete_with_due_wall_keeps_one_that_was_set_again(inline_env):
+    async with open_engine(inline_env) as engine:
+        await engine.write(lambda c: reminder_set(c, "k", "a", "r", 10.0, None))
+        await engine.write(lambda c: reminder_set(c, "k", "a", "r", 20.0, None))  # set again
+        assert await engine.write(lambda c: reminder_delete(c, "k", "a", "r", due_wall=10.0)) is False
+        [reminder] = await engine.read(lambda c: reminders_for(c, "k", "a"))
+        assert reminder.due_wall == 20.0
+        assert await engine.write(lambda c: reminder_delete(c, "k", "a", "r", due_wall=20.0)) is True
+        assert await engine.read(lambda c: reminders_for(c, "k", "a")) == []

@@ -85,15 +85,7 @@ class ReminderService:
 
     async def completed(self, kind: str, key: str, fired: ReminderFired) -> None:
         """Called inside the actor's turn: delete the row unless it was set again meanwhile."""
-        storage = self._require_storage()
-
-        def delete(connection) -> None:
-            connection.execute(
-                "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
-                (kind, key, fired.name, fired.due_wall),
-            )
-
-        await storage.write(delete)
+        await self._delete_if_still_due(kind, key, fired.name, fired.due_wall)
 
     def _require_storage(self):
         storage = self._system.storage
@@ -207,7 +199,7 @@ class ReminderService:
         except PoisonMessage:
             self.poisoned += 1
             system.tracer.record("reminder_poison", kind, key, name=name)
-            await self._drop(kind, key, name, due_wall)
+            await self._delete_if_still_due(kind, key, name, due_wall)
         except ActorError as error:
             retry_after = getattr(error, "retry_after_seconds", _limits.reminder_retry_seconds)
         except Exception as error:  # storage trouble: try again later
@@ -219,11 +211,9 @@ class ReminderService:
             # Re-arm in memory only: the row is still in storage with its original due time.
             self._schedule(address, self.now() + retry_after, due_wall)
 
-    async def _drop(self, kind: str, key: str, name: str, due_wall: float) -> None:
-        def delete(connection) -> None:
-            connection.execute(
-                "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
-                (kind, key, name, due_wall),
-            )
+    async def _delete_if_still_due(self, kind: str, key: str, name: str, due_wall: float) -> None:
+        from troupe.storage import reminder_delete
 
-        await self._system.storage.write(delete)
+        await self._require_storage().write(
+            lambda connection: reminder_delete(connection, kind, key, name, due_wall=due_wall)
+        )

@@ -50,11 +50,20 @@ def reminder_set(
     )
 
 
-def reminder_delete(connection: apsw.Connection, kind: str, key: str, name: str) -> bool:
-    """Remove the reminder; return whether it existed."""
-    connection.execute(
-        "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ?", (kind, key, name)
-    )
+def reminder_delete(
+    connection: apsw.Connection, kind: str, key: str, name: str, *, due_wall: float | None = None
+) -> bool:
+    """Remove the reminder; return whether it existed.  With ``due_wall``, only if it is still
+    due then: a reminder set again meanwhile (another due time) is kept."""
+    if due_wall is None:
+        connection.execute(
+            "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ?", (kind, key, name)
+        )
+    else:
+        connection.execute(
+            "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
+            (kind, key, name, float(due_wall)),
+        )
     return connection.changes() > 0
 
 
