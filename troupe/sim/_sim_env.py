@@ -14,6 +14,7 @@ import random
 import trio
 
 from troupe.runtime._env import Env
+from troupe.storage import InlineExecutor
 
 simulation_epoch_seconds = 1_790_000_000.0
 """Wall time at simulated t=0 (late 2026): fixed, so timestamps in traces are reproducible."""
@@ -70,13 +71,6 @@ class SimStorageOpener:
     def __init__(self, data_dir: str, vfs_name: str | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.vfs_name = vfs_name
-
-
-class InlineExecutor:
-    """Runs storage work on the event loop: deterministic (threads are not)."""
-
-    async def run_sync(self, function, *args):
-        return function(*args)
 
 
 def sim_env(seed: int, data_dir: str, *, vfs_name: str | None = None) -> Env:
