@@ -210,7 +210,8 @@ class ActorSystem:
             tracer=self.tracer,
             escalate=False,
         )
-        self._running = False
+        self.running = False
+        """True while ``run`` runs (readiness probes read it)."""
 
     # -- public API ---------------------------------------------------------------------
 
@@ -239,11 +240,11 @@ class ActorSystem:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the root supervisor until cancelled."""
-        self._running = True
+        self.running = True
         try:
             await self.root.run(task_status=task_status)
         finally:
-            self._running = False
+            self.running = False
 
     async def drain(self) -> None:
         """Graceful shutdown: passivate every live actor after its queued messages."""

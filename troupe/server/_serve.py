@@ -82,13 +82,12 @@ class ServerState:
         self.engine: Engine | None = None
         self.system: ActorSystem | None = None
         self.storage_open = False
-        self.system_running = False
         self.accepting = False
 
     def readiness(self) -> dict[str, bool]:
         return {
             "storage": self.storage_open,
-            "actor_system": self.system_running,
+            "actor_system": self.system is not None and self.system.running,
             "accepting": self.accepting,
         }
 
@@ -214,7 +213,7 @@ async def _run(
             )
             state.system = system
             system_scope = trio.CancelScope()
-            await nursery.start(_run_system, system, system_scope, state)
+            await nursery.start(_run_system, system, system_scope)
             context = SurfaceContext(options, env, state.engine, system, shutdown, state)
             with graceful:
                 await _serve_http(options, bound, context, state, shutdown, handle, print_line, task_status)
@@ -234,13 +233,9 @@ async def _run(
     _note("stopped")
 
 
-async def _run_system(system: ActorSystem, scope: trio.CancelScope, state: ServerState, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _run_system(system: ActorSystem, scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     with scope:
-        try:
-            state.system_running = True
-            await system.run(task_status=task_status)
-        finally:
-            state.system_running = False
+        await system.run(task_status=task_status)
 
 
 async def _serve_http(
