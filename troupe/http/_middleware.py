@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from ._envelope import ErrorEnvelope, default_error_envelope
+from ._envelope import ErrorBody, ErrorEnvelope, default_error_envelope
 from ._exceptions import SendTimeout
 
 Scope = MutableMapping[str, Any]
@@ -72,17 +72,22 @@ assert send_seconds_max_default > 0
 assert linger_bytes_max > 0 and linger_seconds_max > 0
 
 
-async def send_error(send: Send, envelope: ErrorEnvelope, status: int, code: str, message: str) -> None:
-    """Send a complete error response built by ``envelope`` and close the exchange."""
-    error = envelope(status, code, message)
-    await send({
+def _error_start(status: int, error: ErrorBody) -> Message:
+    """The ``http.response.start`` of an error body made by an ``ErrorEnvelope``."""
+    return {
         "type": "http.response.start",
         "status": status,
         "headers": [
             (b"content-type", error.content_type.encode("latin-1")),
             (b"content-length", str(len(error.body)).encode("ascii")),
         ],
-    })
+    }
+
+
+async def send_error(send: Send, envelope: ErrorEnvelope, status: int, code: str, message: str) -> None:
+    """Send a complete error response built by ``envelope`` and close the exchange."""
+    error = envelope(status, code, message)
+    await send(_error_start(status, error))
     await send({"type": "http.response.body", "body": error.body, "more_body": False})
 
 
@@ -206,14 +211,7 @@ class BodyLimit:
         (None when unknown); beyond the budget there is no point in lingering."""
         limit = self.request_body_bytes_max
         error = self.envelope(413, "payload_too_large", f"the request body exceeds {limit} bytes")
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", error.content_type.encode("latin-1")),
-                (b"content-length", str(len(error.body)).encode("ascii")),
-            ],
-        })
+        await send(_error_start(413, error))
         await send({"type": "http.response.body", "body": error.body, "more_body": True})
         if unread_bytes is None or unread_bytes < 0:  # unknown, or the declared length lied
             await _discard_body(receive, bytes_max=linger_bytes_max)
