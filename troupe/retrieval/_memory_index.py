@@ -284,8 +284,7 @@ class MemoryIndex:
             matrix = numpy.frombuffer(b"".join(row[2] for row in rows), dtype=numpy.float32)
             matrix = matrix.reshape(len(rows), vectors.dimensions)
             live = numpy.array([int(i) not in self._bitmaps.deleted for i in ids], dtype=bool)
-            vectors.upsert(ids[live], matrix[live])
-            vectors.high_water_sequence = rows[-1][1]
+            vectors.absorb(ids[live], matrix[live], rows[-1][1])
 
     def save_vectors(self) -> None:
         """Writes the vector graph and its high-water mark (call at shutdown or periodically)."""
@@ -349,8 +348,7 @@ class MemoryIndex:
             numpy.fromiter((row.time_end for row in rows), float, len(rows)),
         )
         if vectors is not None and self._vectors is not None:
-            self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64), vectors)
-            self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
+            self._vectors.absorb(numpy.asarray(ids, dtype=numpy.uint64), vectors, sequence)
         return ids
 
     async def embed_pending(self, batch_items: int = embed_batch_items) -> int:
@@ -374,8 +372,7 @@ class MemoryIndex:
         )
         live = [index for index, item_id in enumerate(ids) if item_id not in self._bitmaps.deleted]
         assert self._vectors is not None
-        self._vectors.upsert(numpy.asarray(ids, dtype=numpy.uint64)[live], vectors[live])
-        self._vectors.high_water_sequence = max(self._vectors.high_water_sequence, sequence)
+        self._vectors.absorb(numpy.asarray(ids, dtype=numpy.uint64)[live], vectors[live], sequence)
         return len(pending)
 
     async def delete(self, keys: Sequence[str]) -> int:

@@ -148,6 +148,12 @@ class VectorIndex:
         self._index.add(keys, vectors)
         self._mirror_store(keys, vectors)
 
+    def absorb(self, ids: numpy.ndarray, vectors: numpy.ndarray, sequence: int) -> None:
+        """Upsert vectors that SQLite stored up to ``sequence``, and move the high-water mark
+        there: what a later catch-up starts after."""
+        self.upsert(ids, vectors)
+        self.high_water_sequence = max(self.high_water_sequence, sequence)
+
     def remove(self, ids: list[int]) -> None:
         keys = [key for key in ids if self._index.contains(key)]
         if keys:
