@@ -261,21 +261,27 @@ class BankWorkload:
                 f"dedupe broken: {identity} first acknowledged {earlier[2]}, retry returned {result}"
             )
 
-    async def _recovered_accounts(self, world: World) -> dict[str, tuple[dict[str, Any], list[str]]]:
-        def load(connection):
-            return {account: journal_load(connection, "account", account) for account in self.accounts}
+    async def _durable_state(self, world: World) -> tuple[dict[str, tuple[dict[str, Any], list[str], Any]], dict[str, Any]]:
+        """What storage holds now, in one read: per account its replayed state, the
+        idempotency keys of its journal records and the journal; per acknowledged transfer
+        its stored state (None if lost)."""
+        transfer_keys = sorted(key for kind, key, _ in self.acknowledged.values() if kind == "transfer")
 
-        loaded = await world.engine.read(load)
+        def load(connection):
+            journals = {account: journal_load(connection, "account", account) for account in self.accounts}
+            transfers = {key: state_get(connection, "transfer", key) for key in transfer_keys}
+            return journals, transfers
+
+        journals, transfers = await world.engine.read(load)
         recovered = {}
-        for account, journal in loaded.items():
+        for account, journal in journals.items():
             keys = [record["key"] for _, record in journal.records]
             recovered[account] = (replay(journal.snapshot, journal.records), keys, journal)
-        return recovered
+        return recovered, transfers
 
-    async def after_restart(self, world: World) -> list[str]:
+    def _recovery_violations(self, recovered, transfers) -> list[str]:
         violations = self.violations
         self.violations = []
-        recovered = await self._recovered_accounts(world)
         for account, (state, keys, journal) in recovered.items():
             if len(keys) != len(set(keys)):
                 violations.append(f"effect applied twice: duplicate idempotency key in {account}'s journal")
@@ -290,23 +296,18 @@ class BankWorkload:
                 violations.append(f"acknowledged write lost: {identity} on {key} ({result})")
             elif stored != [result["ok"], result["balance"]]:
                 violations.append(f"acknowledged result changed: {identity} on {key}: {result} vs {stored}")
-        transfer_keys = sorted(key for kind, key, _ in self.acknowledged.values() if kind == "transfer")
-        states = await world.engine.read(
-            lambda connection: {key: state_get(connection, "transfer", key) for key in transfer_keys}
-        )
-        for key, state in states.items():
+        for key, state in transfers.items():
             if state is None:
                 violations.append(f"acknowledged transfer lost: {key}")
         return violations
 
+    async def after_restart(self, world: World) -> list[str]:
+        return self._recovery_violations(*await self._durable_state(world))
+
     async def at_quiescence(self, world: World) -> list[str]:
-        violations = await self.after_restart(world)
-        recovered = await self._recovered_accounts(world)
-        transfer_keys = sorted(key for kind, key, _ in self.acknowledged.values() if kind == "transfer")
-        states = await world.engine.read(
-            lambda connection: {key: state_get(connection, "transfer", key) for key in transfer_keys}
-        )
-        for key, state in states.items():
+        recovered, transfers = await self._durable_state(world)
+        violations = self._recovery_violations(recovered, transfers)
+        for key, state in transfers.items():
             if state is None:
                 continue
             out = recovered[state["source"]][0]["applied"].get(f"{key}:out")
