@@ -17,6 +17,7 @@ from ._exceptions import (
     Unavailable,
     UnknownActorKind,
 )
+from ._fault_points import FaultPoints, InjectedFault, NoFaultPoints, fault_point_names, no_fault_points
 from ._limits import RestartIntensity
 from ._real_env import real_env
 from ._supervisor import ChildSpec, Strategy, Supervisor, SupervisorEscalated
@@ -42,8 +43,11 @@ __all__ = [
     "Clock",
     "Env",
     "Executor",
+    "FaultPoints",
     "IdSource",
+    "InjectedFault",
     "KindStatistics",
+    "NoFaultPoints",
     "Overloaded",
     "PoisonMessage",
     "RandomSource",
@@ -56,6 +60,8 @@ __all__ = [
     "Tracer",
     "Unavailable",
     "UnknownActorKind",
+    "fault_point_names",
+    "no_fault_points",
     "open_actor_system",
     "read_trace",
     "real_env",

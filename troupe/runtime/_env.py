@@ -14,6 +14,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ._fault_points import FaultPoints, no_fault_points
+
 
 @runtime_checkable
 class Clock(Protocol):
@@ -83,3 +85,7 @@ class Env:
     model: Any = None
     embedder: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    fault_points: FaultPoints = no_fault_points
+    """Where the simulator injects runtime faults (``NoFaultPoints`` in production)."""
+    planted_bugs: frozenset[str] = frozenset()
+    """Deliberate bugs the simulator's own tests switch on (always empty in production)."""

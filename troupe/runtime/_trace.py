@@ -37,10 +37,12 @@ class Tracer:
         self.sequence = 0
         self.counts: dict[str, int] = {}
 
-    def record(self, event: str, kind: str = "", key: str = "", **fields: Any) -> None:
+    def record(self, event: str, kind: str = "", key: str = "", **fields: Any) -> int:
+        """Record one event; return its sequence number (0 when the tracer is disabled), which
+        is how a violation names the events it concerns."""
         self.counts[event] = self.counts.get(event, 0) + 1
         if not self.enabled:
-            return
+            return 0
         self.sequence += 1
         # Microsecond rounding keeps float formatting out of the digest.
         moment = round(self._time_source() * 1_000_000)
@@ -50,6 +52,7 @@ class Tracer:
             self.records.append(encoded)
         if self._sink is not None:
             self._sink.write(encoded)
+        return self.sequence
 
     def sha256(self) -> str:
         return self._digest.hexdigest()

@@ -1,0 +1,59 @@
+"""Fault points: places in the runtime where the simulator may make things go wrong on purpose.
+
+FoundationDB calls this BUGGIFY.  Production code asks ``env.fault_points.fires(point)`` at a
+handful of places (a turn, an activation, a passivation, a supervised service, a timer, the
+reminder service) and does the rare, legal-but-unlikely thing when it answers True: raise, run
+long, refuse a message, fire late.  The real Env wires ``NoFaultPoints``, which always answers
+False, so production pays one method call per point and never changes behaviour; the
+simulator wires a seeded implementation (``troupe.sim``) that chooses, per seed, which points
+are armed and how often they fire, and counts what it injected.
+
+``planted_bugs`` is the other half of proving the simulator: a named, deliberately wrong
+behaviour (for example "a crashed actor keeps its instance") switched on only by ``troupe sim
+--plant-bug NAME``.  Code asks ``env.planted_bugs`` (a frozenset, empty in production).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+fault_point_names = (
+    "turn_raises",
+    "activate_fails",
+    "passivate_fails",
+    "service_crashes",
+    "turn_overruns",
+    "mailbox_full",
+    "timer_late",
+    "reminder_late",
+    "reminder_service_crashes",
+)
+"""Every point the runtime consults; the simulator arms a per-seed subset of them."""
+
+
+class InjectedFault(Exception):
+    """Raised by an armed fault point: a failure of the actor's own code, not of the
+    infrastructure, so it counts toward poison and restart intensity like a real bug would."""
+
+
+@runtime_checkable
+class FaultPoints(Protocol):
+    def fires(self, point: str) -> bool:
+        """True when the fault at ``point`` (one of ``fault_point_names``) happens now."""
+
+    def delay_seconds(self, point: str) -> float:
+        """How long a late timer/reminder is late or an overrunning turn overruns, once
+        ``fires(point)`` said True."""
+
+
+class NoFaultPoints:
+    """Production: nothing ever fires."""
+
+    def fires(self, point: str) -> bool:
+        return False
+
+    def delay_seconds(self, point: str) -> float:
+        return 0.0
+
+
+no_fault_points = NoFaultPoints()
