@@ -9,8 +9,11 @@ import pytest
 
 from troupe.sim import SimulationConfig, run_simulation
 
+found_before_swarm = frozenset({"crash", "io", "disk_full", "clock"})
+"""Those seeds failed before swarm testing: every one of these kinds armed in every seed."""
+
 
 @pytest.mark.parametrize("seed", [1, 2, 6, 8, 9, 89, 127, 144])
 def test_seed_that_once_failed_passes(seed):
-    result = run_simulation(SimulationConfig(seed=seed, steps=2000))
+    result = run_simulation(SimulationConfig(seed=seed, steps=2000, faults=found_before_swarm, swarm=False))
     assert result.violations == []

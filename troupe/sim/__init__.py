@@ -6,15 +6,18 @@ invariants; ``sweep``, ``shrink`` and ``replay`` build on it (see docs/simulator
 """
 
 from ._network import NetworkFaults, SimulatedNetwork, simulated_http_client
+from ._planted import planted_bug_names, workload_planted_bugs
 from ._sim_env import InlineExecutor, SimClock, SimIds, SimRandom, sim_env
 from ._simulation import SimulationConfig, SimulationResult, fault_names, run_simulation
 from ._sweep import config_from_replay, replay, replay_document, shrink, sweep
+from ._violation import Violation, as_violation
 from ._workload import Workload, World, make_workloads, register_workload, workload_names
 
 __all__ = [
     "InlineExecutor",
     "NetworkFaults",
     "SimulatedNetwork",
+    "Violation",
     "SimClock",
     "SimIds",
     "SimRandom",
@@ -22,9 +25,11 @@ __all__ = [
     "SimulationResult",
     "Workload",
     "World",
+    "as_violation",
     "config_from_replay",
     "fault_names",
     "make_workloads",
+    "planted_bug_names",
     "register_workload",
     "replay",
     "replay_document",
@@ -34,4 +39,5 @@ __all__ = [
     "simulated_http_client",
     "sweep",
     "workload_names",
+    "workload_planted_bugs",
 ]

@@ -20,26 +20,31 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 import trio
 import trio.testing
 
-from troupe.runtime import ActorSystem, RestartIntensity, Tracer, read_trace
+from troupe.runtime import ActorSystem, RestartIntensity, Tracer, no_fault_points, read_trace
 from troupe.runtime import _limits as runtime_limits
 from troupe.storage import Engine, FaultPlan, FaultyVFS, StorageError
 
 from ._sim_env import sim_env
+from ._swarm import (
+    choose_fault_settings,
+    clock_jump_seconds_max,
+    crash_io_operations_mean,
+    graceful_restart_share,
+)
+from ._violation import Violation, as_violation
 from ._workload import World, make_workloads
 
-fault_names = ("crash", "io", "disk_full", "clock")
+fault_names = ("crash", "power_loss", "io", "disk_full", "clock", "runtime")
+"""Kinds of fault a run may inject: process crashes (anywhere, including inside a commit),
+power losses (un-synced writes dropped, kept in part or torn), I/O errors, disk full, wall
+clock jumps, and the runtime's own fault points (``troupe.runtime.fault_point_names``)."""
 clients_count = 4
-crash_interval_seconds_mean = 4.0
-clock_jump_interval_seconds_mean = 5.0
-clock_jump_seconds_max = 3600.0
-io_error_probability = 0.002
-disk_full_probability = 0.001
 quiescence_seconds = 120.0
 live_actors_max = 5
 """Small on purpose: LRU eviction and re-activation happen all the time under the workload."""
@@ -49,12 +54,17 @@ generations_max = 1000
 
 @dataclass(frozen=True)
 class SimulationConfig:
+    """One run.  ``faults`` are the kinds allowed; with ``swarm`` (the default) each seed
+    arms its own subset of them at its own rates (swarm testing), without it every allowed
+    kind is armed at the default rates."""
+
     seed: int
     steps: int = 2000
     faults: frozenset[str] = frozenset(fault_names)
     workloads: tuple[str, ...] = ()
     planted_bugs: frozenset[str] = frozenset()
     trace_path: str | None = None
+    swarm: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(fault_names)
@@ -64,37 +74,51 @@ class SimulationConfig:
 
 @dataclass
 class SimulationResult:
+    """What one run did.  Process-level and actor-level counters are named apart:
+    ``process_crashes`` counts simulated process deaths (of which ``power_losses`` also lost
+    un-synced disk data) and ``process_lifetimes`` the generations; ``actor_crashes`` counts
+    failed turns and ``actor_restarts`` the runtime's restarts of an actor after one."""
+
     seed: int
     steps: int
-    crashes: int = 0
-    restarts: int = 0
+    process_crashes: int = 0
+    power_losses: int = 0
+    process_lifetimes: int = 0
+    actor_crashes: int = 0
+    actor_restarts: int = 0
     faults_injected: int = 0
-    violations: list[str] = field(default_factory=list)
+    io_errors: int = 0
+    disk_full: int = 0
+    clock_jumps: int = 0
+    runtime_faults: dict[str, int] = field(default_factory=dict)
+    faults_armed: list[str] = field(default_factory=list)
+    event_counts: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
     trace_sha256: str = ""
     simulated_seconds: float = 0.0
     wall_seconds: float = 0.0
-    generations: int = 0
-    clock_jumps: int = 0
-    io_errors: int = 0
-    disk_full: int = 0
-    actor_restarts: int = 0
 
     def summary(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
             "steps": self.steps,
-            "crashes": self.crashes,
-            "restarts": self.restarts,
-            "faults_injected": self.faults_injected,
             "violations": len(self.violations),
+            "distinct_violations": len({violation.signature for violation in self.violations}),
+            "process_crashes": self.process_crashes,
+            "power_losses": self.power_losses,
+            "process_lifetimes": self.process_lifetimes,
+            "actor_crashes": self.actor_crashes,
+            "actor_restarts": self.actor_restarts,
+            "faults_injected": self.faults_injected,
+            "io_errors": self.io_errors,
+            "disk_full": self.disk_full,
+            "clock_jumps": self.clock_jumps,
+            "runtime_faults": dict(sorted(self.runtime_faults.items())),
+            "faults_armed": sorted(self.faults_armed),
+            "event_counts": dict(sorted(self.event_counts.items())),
             "trace_sha256": self.trace_sha256,
             "simulated_seconds": round(self.simulated_seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3),
-            "generations": self.generations,
-            "clock_jumps": self.clock_jumps,
-            "io_errors": self.io_errors,
-            "disk_full": self.disk_full,
-            "actor_restarts": self.actor_restarts,
         }
 
 
@@ -131,125 +155,214 @@ def _unseed_scheduler() -> None:
     trio._core._run._r.seed()
 
 
-class _Crash(Exception):
-    pass
-
-
 async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | None) -> SimulationResult:
     result = SimulationResult(seed=config.seed, steps=config.steps)
     decisions = random_module.Random(config.seed)
+    settings = choose_fault_settings(
+        config.faults, config.swarm, decisions, random_module.Random(config.seed * 6151 + 3)
+    )
+    result.faults_armed = sorted(settings.armed)
     fault_plan = FaultPlan(
         random=random_module.Random(config.seed * 7919 + 1),
-        io_error_probability=io_error_probability if "io" in config.faults else 0.0,
-        disk_full_probability=disk_full_probability if "disk_full" in config.faults else 0.0,
+        io_error_probability=settings.io_error_probability if "io" in settings.armed else 0.0,
+        disk_full_probability=settings.disk_full_probability if "disk_full" in settings.armed else 0.0,
         enabled=False,
     )
     vfs_name = f"troupe-sim-{config.seed}-{os.getpid()}"
     vfs = FaultyVFS(vfs_name, fault_plan)
     env = sim_env(config.seed, data_dir, vfs_name=vfs_name)
+    env.planted_bugs = config.planted_bugs
     env.extras["planted_bugs"] = config.planted_bugs
-    # Deterministic random for workloads, apart from the fault and decision streams.
     tracer = Tracer(time_source=trio.current_time, keep_in_memory=True, sink=sink)
+    fault_points = None
+    if settings.fault_point_rates:
+        from ._fault_points import SeededFaultPoints
+
+        fault_points = SeededFaultPoints(random_module.Random(config.seed * 4099 + 5), settings.fault_point_rates)
     world = World(env=env, random=env.random, tracer=tracer, planted_bugs=config.planted_bugs)
     workloads = make_workloads(list(config.workloads) or None)
     migrations = [migration for workload in workloads for migration in workload.migrations()]
-    steps_left = [config.steps]
+    lifetime = _Lifetime(config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
+                         decisions, result)
     try:
         while True:
             world.generation += 1
-            result.generations += 1
+            result.process_lifetimes += 1
             assert world.generation <= generations_max, "simulation stuck in a restart loop"
             if world.generation > 1:
-                result.restarts += 1
                 tracer.record("sim_restart", "sim", "", generation=world.generation)
-            finished = await _generation(config, world, workloads, migrations, fault_plan, decisions, steps_left, result)
-            if finished:
+            if await lifetime.run():
                 break
-            result.crashes += 1
     finally:
         vfs.unregister()
-    result.violations.extend(_check_restart_intensity(tracer))
+    for violation in _check_restart_intensity(tracer):
+        result.violations.append(as_violation(violation, "restart_intensity"))
     result.io_errors = fault_plan.io_errors_injected
     result.disk_full = fault_plan.disk_full_injected
     result.clock_jumps = env.clock.jumps
-    result.faults_injected = result.crashes + result.io_errors + result.disk_full + result.clock_jumps
+    result.runtime_faults = dict(fault_points.injected) if fault_points is not None else {}
+    result.faults_injected = (result.process_crashes + result.io_errors + result.disk_full
+                              + result.clock_jumps + sum(result.runtime_faults.values()))
+    result.event_counts = dict(tracer.counts)
+    result.actor_crashes = tracer.counts.get("crash", 0)
     result.actor_restarts = tracer.counts.get("restart", 0)
     result.trace_sha256 = tracer.sha256()
     result.simulated_seconds = trio.current_time()
     return result
 
 
-async def _generation(config, world, workloads, migrations, fault_plan, decisions, steps_left, result) -> bool:
-    """One process lifetime. Returns True when the run ended quietly, False after a crash."""
-    env = world.env
-    with trio.CancelScope() as lifetime:
-        async with trio.open_nursery() as nursery:
-            engine = await Engine.open(env, migrations=migrations, nursery=nursery, readers_max=1)
-            world.engine = engine
-            kinds = [kind for workload in workloads for kind in workload.actor_kinds(world)]
-            system = ActorSystem(
-                env,
-                kinds,
-                storage=engine,
-                tracer=world.tracer,
-                live_actors_max=live_actors_max,
-                root_intensity=RestartIntensity(runtime_limits.restarts_max, runtime_limits.period_seconds),
-                transient_errors=(StorageError,),
-            )
-            world.system = system
-            await nursery.start(system.run)
-            if world.generation > 1:
-                for workload in workloads:
-                    for violation in await workload.after_restart(world):
-                        result.violations.append(f"[generation {world.generation}] {violation}")
-            fault_plan.enabled = bool({"io", "disk_full"} & config.faults)
+class _Lifetime:
+    """Runs process lifetimes (generations) one after another on the same data directory."""
 
-            def crash() -> None:
-                world.tracer.record("sim_crash", "sim", "", generation=world.generation)
+    def __init__(self, config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
+                 decisions, result) -> None:
+        self.config = config
+        self.settings = settings
+        self.world = world
+        self.workloads = workloads
+        self.migrations = migrations
+        self.fault_plan = fault_plan
+        self.vfs = vfs
+        self.fault_points = fault_points
+        self.decisions = decisions
+        self.result = result
+        self.steps_left = [config.steps]
+        self.power_loss_pending = False
+
+    def _record_violations(self, violations, label: str) -> None:
+        for violation in violations:
+            item = as_violation(violation)
+            self.result.violations.append(replace(item, text=f"[{label}] {item.text}"))
+
+    async def run(self) -> bool:
+        """One process lifetime.  Returns True when the run ended quietly, False after a crash
+        or a clean restart (another lifetime follows)."""
+        world, settings, fault_plan = self.world, self.settings, self.fault_plan
+        env = world.env
+        if self.power_loss_pending:
+            self.power_loss_pending = False
+            lost = self.vfs.power_loss(self.decisions) if hasattr(self.vfs, "power_loss") else {}
+            self.result.power_losses += 1
+            world.tracer.record("sim_power_loss", "sim", "", **_plain(lost))
+        if hasattr(fault_plan, "revive"):
+            fault_plan.revive()
+        # The runtime's fault points stay quiet while the process starts and recovers.
+        env.fault_points = no_fault_points
+        with trio.CancelScope() as lifetime_scope:
+            async with trio.open_nursery() as nursery:
+                engine = await Engine.open(env, migrations=self.migrations, nursery=nursery, readers_max=1,
+                                           **_engine_options(world.tracer))
+                world.engine = engine
+                kinds = [kind for workload in self.workloads for kind in workload.actor_kinds(world)]
+                services = [service for workload in self.workloads for service in _services(workload, world)]
+                system = ActorSystem(
+                    env,
+                    kinds,
+                    storage=engine,
+                    tracer=world.tracer,
+                    live_actors_max=live_actors_max,
+                    root_intensity=RestartIntensity(runtime_limits.restarts_max, runtime_limits.period_seconds),
+                    services=services,
+                    transient_errors=(StorageError,),
+                )
+                world.system = system
+                await nursery.start(system.run)
+                if world.generation > 1:
+                    for workload in self.workloads:
+                        self._record_violations(await workload.after_restart(world), f"generation {world.generation}")
+                fault_plan.enabled = bool({"io", "disk_full"} & settings.armed)
+                if self.fault_points is not None:
+                    env.fault_points = self.fault_points
+
+                def crash(where: str) -> None:
+                    if lifetime_scope.cancel_called:
+                        return
+                    power_loss = self.decisions.random() < settings.power_loss_share
+                    world.tracer.record("sim_crash", "sim", "", generation=world.generation, where=where,
+                                        power_loss=power_loss)
+                    self.result.process_crashes += 1
+                    self.power_loss_pending = power_loss
+                    fault_plan.enabled = False
+                    env.fault_points = no_fault_points
+                    engine.crash()
+                    lifetime_scope.cancel()
+
+                restart = trio.Event()
+                async with trio.open_nursery() as injectors:
+                    if settings.crashes:
+                        injectors.start_soon(self._crash_injector, crash, restart)
+                    if "clock" in settings.armed:
+                        injectors.start_soon(self._clock_jumper, env)
+                    async with trio.open_nursery() as clients:
+                        clients.cancel_scope.shield = False
+                        for client in range(clients_count):
+                            clients.start_soon(self._client, client, restart)
+                    injectors.cancel_scope.cancel()
+                env.fault_points = no_fault_points
                 fault_plan.enabled = False
-                engine.crash()
-                lifetime.cancel()
+                if hasattr(fault_plan, "crash_after"):
+                    fault_plan.crash_after(0, None)
+                if restart.is_set():
+                    # A clean shutdown and restart: drain, close, come back.
+                    world.tracer.record("sim_clean_restart", "sim", "", generation=world.generation)
+                    await system.drain()
+                    await engine.aclose()
+                    nursery.cancel_scope.cancel()
+                    return False
+                # The step budget is spent: let the system settle, check, shut down.
+                await trio.sleep(quiescence_seconds)
+                for workload in self.workloads:
+                    self._record_violations(await workload.at_quiescence(world), "quiescence")
+                await system.drain()
+                await engine.aclose()
+                nursery.cancel_scope.cancel()
+                return True
+        return False
 
-            async with trio.open_nursery() as injectors:
-                if "crash" in config.faults:
-                    delay = decisions.expovariate(1 / crash_interval_seconds_mean)
-                    injectors.start_soon(_crash_injector, delay, crash)
-                if "clock" in config.faults:
-                    injectors.start_soon(_clock_jumper, env, decisions)
-                async with trio.open_nursery() as clients:
-                    for client in range(clients_count):
-                        clients.start_soon(_client, world, workloads, client, steps_left)
-                injectors.cancel_scope.cancel()
-            # The step budget is spent: stop injecting, let the system settle, check, shut down.
-            fault_plan.enabled = False
-            await trio.sleep(quiescence_seconds)
-            for workload in workloads:
-                for violation in await workload.at_quiescence(world):
-                    result.violations.append(f"[quiescence] {violation}")
-            await system.drain()
-            await engine.aclose()
-            nursery.cancel_scope.cancel()
-            return True
-    return not lifetime.cancelled_caught
+    async def _client(self, client: int, restart: trio.Event) -> None:
+        world, workloads, steps_left = self.world, self.workloads, self.steps_left
+        while steps_left[0] > 0 and not restart.is_set():
+            steps_left[0] -= 1
+            workload = workloads[world.random.randrange(0, len(workloads))]
+            await workload.client_step(world, client)
+
+    async def _crash_injector(self, crash, restart: trio.Event) -> None:
+        settings, decisions = self.settings, self.decisions
+        await trio.sleep(decisions.expovariate(1 / settings.crash_interval_seconds))
+        if decisions.random() < graceful_restart_share:
+            restart.set()
+            return
+        if decisions.random() < settings.crash_inside_io_share and hasattr(self.fault_plan, "crash_after"):
+            # Land the crash at an I/O operation: between jobs, inside COMMIT, in a checkpoint.
+            operations = 1 + int(decisions.expovariate(1 / crash_io_operations_mean))
+            self.fault_plan.crash_after(operations, lambda: crash("io_operation"))
+            return
+        crash("between_batches")
+
+    async def _clock_jumper(self, env) -> None:
+        decisions = self.decisions
+        while True:
+            await trio.sleep(decisions.expovariate(1 / self.settings.clock_jump_interval_seconds))
+            jump = (decisions.random() * 2 - 1) * clock_jump_seconds_max
+            env.clock.jump(jump)
 
 
-async def _client(world: World, workloads, client: int, steps_left: list[int]) -> None:
-    while steps_left[0] > 0:
-        steps_left[0] -= 1
-        workload = workloads[world.random.randrange(0, len(workloads))]
-        await workload.client_step(world, client)
+def _services(workload, world) -> list:
+    offer = getattr(workload, "services", None)
+    return list(offer(world)) if offer is not None else []
 
 
-async def _crash_injector(delay: float, crash) -> None:
-    await trio.sleep(delay)
-    crash()
+def _engine_options(tracer: Tracer) -> dict[str, Any]:
+    import inspect
+
+    # The tracer records commits when the engine supports it.
+    return {"tracer": tracer} if "tracer" in inspect.signature(Engine.open).parameters else {}
 
 
-async def _clock_jumper(env, decisions: random_module.Random) -> None:
-    while True:
-        await trio.sleep(decisions.expovariate(1 / clock_jump_interval_seconds_mean))
-        jump = (decisions.random() * 2 - 1) * clock_jump_seconds_max
-        env.clock.jump(jump)
+def _plain(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {str(key): item for key, item in value.items() if isinstance(item, (int, str, float, bool))}
+    return {}
 
 
 def _check_restart_intensity(tracer: Tracer) -> list[str]:

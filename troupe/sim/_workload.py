@@ -28,6 +28,9 @@ class World:
     engine: Any = None
     system: ActorSystem | None = None
     generation: int = 0
+    apps: dict[str, Any] = field(default_factory=dict)
+    """The surfaces' apps of the current lifetime, by surface name, each behind an in-process
+    ASGI driver (``troupe.sim._asgi``): workloads speak HTTP to them."""
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -43,6 +46,10 @@ class Workload(Protocol):
     async def after_restart(self, world: World) -> list[str]: ...
 
     async def at_quiescence(self, world: World) -> list[str]: ...
+
+    # Optional: ``services(world) -> list[ChildSpec]``, long-lived children the simulator adds
+    # to the actor system's root supervisor in every lifetime.  Checkers may return
+    # ``Violation``s (which name trace sequences) instead of strings.
 
 
 _registry: dict[str, Callable[[], Workload]] = {}
@@ -69,4 +76,10 @@ def make_workloads(names: list[str] | None) -> list[Workload]:
 
 
 def _load_builtin_workloads() -> None:
-    from . import _bank  # noqa: F401 - registers itself
+    import importlib
+
+    for module in ("_bank", "_registers", "_admin_workload"):
+        try:  # TEMPORARY guard while the workloads land
+            importlib.import_module(f"troupe.sim.{module}")  # each registers itself
+        except ModuleNotFoundError:
+            pass
