@@ -16,7 +16,11 @@ from ._surfaces import (
     SurfaceContext,
     admin_listen_default,
     admin_surface,
+    create_surface_apps,
     default_surfaces,
+    surface_actor_kinds,
+    surface_migrations,
+    surface_services,
 )
 
 __all__ = [
@@ -33,8 +37,12 @@ __all__ = [
     "UnknownSurface",
     "admin_listen_default",
     "admin_surface",
+    "create_surface_apps",
     "default_surfaces",
     "load_serve_options",
     "serve",
     "serve_main",
+    "surface_actor_kinds",
+    "surface_migrations",
+    "surface_services",
 ]

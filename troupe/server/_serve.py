@@ -44,7 +44,15 @@ from troupe.storage import Engine, StorageError
 
 from ._exceptions import ServeError, UnknownSurface
 from ._listeners import BoundListener, bind_listener, resolve_listener
-from ._surfaces import Surface, SurfaceContext, default_surfaces
+from ._surfaces import (
+    Surface,
+    SurfaceContext,
+    create_surface_apps,
+    default_surfaces,
+    surface_actor_kinds,
+    surface_migrations,
+    surface_services,
+)
 
 outbound_timeout_seconds = 30.0
 outbound_limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
@@ -199,16 +207,15 @@ async def _run(
     async with trio.open_nursery() as nursery:
         if signals is not None:
             nursery.start_soon(_watch_signals, signals, handle, graceful)
-        migrations = [migration for surface in surfaces for migration in surface.migrations]
-        state.engine = await Engine.open(env, nursery=nursery, migrations=migrations)
+        state.engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
         state.storage_open = True
         try:
             system = ActorSystem(
                 env,
-                [kind for surface in surfaces for kind in surface.actor_kinds],
+                surface_actor_kinds(surfaces),
                 storage=state.engine,
                 tracer=tracer,
-                services=[service for surface in surfaces for service in surface.services],
+                services=surface_services(surfaces),
                 transient_errors=(StorageError,),
             )
             state.system = system
@@ -249,9 +256,10 @@ async def _serve_http(
     task_status: trio.TaskStatus[ServerHandle],
 ) -> None:
     stop_accepting = trio.Event()
+    apps = create_surface_apps([surface for surface, _ in bound], context)
     async with trio.open_nursery() as http_nursery:
         for surface, listener in bound:
-            app = surface.create_app(context)
+            app = apps[surface.name]
             config = _hypercorn_config(options, listener)
             await http_nursery.start(
                 partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop_accepting.wait)

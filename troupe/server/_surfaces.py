@@ -13,7 +13,7 @@ configuration), so the storage schema never depends on which listeners are switc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,4 +66,35 @@ def default_surfaces() -> list[Surface]:
     return [admin_surface]
 
 
-__all__ = ["Surface", "SurfaceContext", "admin_listen_default", "admin_surface", "default_surfaces"]
+# What the shared ActorSystem and Engine need from every surface, collected in one place so
+# that ``troupe serve`` and the simulator (``troupe.sim.SimServer``) start the same server.
+
+
+def surface_actor_kinds(surfaces: Sequence[Surface]) -> list[ActorKind]:
+    return [kind for surface in surfaces for kind in surface.actor_kinds]
+
+
+def surface_migrations(surfaces: Sequence[Surface]) -> list[Migration]:
+    return [migration for surface in surfaces for migration in surface.migrations]
+
+
+def surface_services(surfaces: Sequence[Surface]) -> list[ChildSpec]:
+    return [service for surface in surfaces for service in surface.services]
+
+
+def create_surface_apps(surfaces: Sequence[Surface], context: SurfaceContext) -> dict[str, ASGIApp]:
+    """Each surface's app, by surface name, built with the same ``context``."""
+    return {surface.name: surface.create_app(context) for surface in surfaces}
+
+
+__all__ = [
+    "Surface",
+    "SurfaceContext",
+    "admin_listen_default",
+    "admin_surface",
+    "create_surface_apps",
+    "default_surfaces",
+    "surface_actor_kinds",
+    "surface_migrations",
+    "surface_services",
+]

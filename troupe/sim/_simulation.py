@@ -30,6 +30,7 @@ from troupe.runtime import ActorSystem, RestartIntensity, Tracer, no_fault_point
 from troupe.runtime import _limits as runtime_limits
 from troupe.storage import Engine, FaultPlan, FaultyVFS, StorageError
 
+from ._server import SimServer
 from ._sim_env import sim_env
 from ._swarm import (
     choose_fault_settings,
@@ -181,8 +182,9 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
         fault_points = SeededFaultPoints(random_module.Random(config.seed * 4099 + 5), settings.fault_point_rates)
     world = World(env=env, random=env.random, tracer=tracer, planted_bugs=config.planted_bugs)
     workloads = make_workloads(list(config.workloads) or None)
-    migrations = [migration for workload in workloads for migration in workload.migrations()]
-    lifetime = _Lifetime(config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
+    server = SimServer()
+    migrations = [*server.migrations(), *(migration for workload in workloads for migration in workload.migrations())]
+    lifetime = _Lifetime(server, config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
                          decisions, result)
     try:
         while True:
@@ -214,8 +216,9 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
 class _Lifetime:
     """Runs process lifetimes (generations) one after another on the same data directory."""
 
-    def __init__(self, config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
+    def __init__(self, server, config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
                  decisions, result) -> None:
+        self.server = server
         self.config = config
         self.settings = settings
         self.world = world
@@ -244,8 +247,7 @@ class _Lifetime:
             lost = self.vfs.power_loss(self.decisions) if hasattr(self.vfs, "power_loss") else {}
             self.result.power_losses += 1
             world.tracer.record("sim_power_loss", "sim", "", **_plain(lost))
-        if hasattr(fault_plan, "revive"):
-            fault_plan.revive()
+        fault_plan.revive()
         # The runtime's fault points stay quiet while the process starts and recovers.
         env.fault_points = no_fault_points
         with trio.CancelScope() as lifetime_scope:
@@ -253,8 +255,9 @@ class _Lifetime:
                 engine = await Engine.open(env, migrations=self.migrations, nursery=nursery, readers_max=1,
                                            **_engine_options(world.tracer))
                 world.engine = engine
-                kinds = [kind for workload in self.workloads for kind in workload.actor_kinds(world)]
-                services = [service for workload in self.workloads for service in _services(workload, world)]
+                kinds = [*self.server.kinds(), *(kind for workload in self.workloads for kind in workload.actor_kinds(world))]
+                services = [*self.server.services(),
+                            *(service for workload in self.workloads for service in _services(workload, world))]
                 system = ActorSystem(
                     env,
                     kinds,
@@ -267,6 +270,7 @@ class _Lifetime:
                 )
                 world.system = system
                 await nursery.start(system.run)
+                world.apps = await self.server.start(world, engine, system, nursery)
                 if world.generation > 1:
                     for workload in self.workloads:
                         self._record_violations(await workload.after_restart(world), f"generation {world.generation}")
@@ -300,11 +304,11 @@ class _Lifetime:
                     injectors.cancel_scope.cancel()
                 env.fault_points = no_fault_points
                 fault_plan.enabled = False
-                if hasattr(fault_plan, "crash_after"):
-                    fault_plan.crash_after(0, None)
+                fault_plan.revive()  # disarms a crash armed at an I/O count that never came
                 if restart.is_set():
                     # A clean shutdown and restart: drain, close, come back.
                     world.tracer.record("sim_clean_restart", "sim", "", generation=world.generation)
+                    await self.server.stop()
                     await system.drain()
                     await engine.aclose()
                     nursery.cancel_scope.cancel()
@@ -313,6 +317,7 @@ class _Lifetime:
                 await trio.sleep(quiescence_seconds)
                 for workload in self.workloads:
                     self._record_violations(await workload.at_quiescence(world), "quiescence")
+                await self.server.stop()
                 await system.drain()
                 await engine.aclose()
                 nursery.cancel_scope.cancel()
