@@ -17,7 +17,13 @@ from ._exceptions import (
     Unavailable,
     UnknownActorKind,
 )
-from ._fault_points import FaultPoints, InjectedFault, NoFaultPoints, fault_point_names, no_fault_points
+from ._fault_points import (
+    FaultPoints,
+    InjectedFault,
+    NoFaultPoints,
+    fault_point_names,
+    no_fault_points,
+)
 from ._limits import RestartIntensity
 from ._real_env import real_env
 from ._supervisor import ChildSpec, Strategy, Supervisor, SupervisorEscalated
@@ -26,6 +32,8 @@ from ._system import (
     ActorSystem,
     KindStatistics,
     open_actor_system,
+    runtime_event_kinds,
+    runtime_planted_bugs,
     turn_latency_buckets_seconds,
 )
 from ._trace import Tracer, read_trace
@@ -65,5 +73,7 @@ __all__ = [
     "open_actor_system",
     "read_trace",
     "real_env",
+    "runtime_event_kinds",
+    "runtime_planted_bugs",
     "turn_latency_buckets_seconds",
 ]

@@ -77,13 +77,21 @@ class ReminderFired:
 class ActorContext:
     """The actor's handle on the runtime: its identity, the Env, storage, refs, timers."""
 
-    __slots__ = ("kind", "key", "system", "_cell")
+    __slots__ = ("kind", "key", "system", "_cell", "_discarded")
 
     def __init__(self, kind: str, key: str, system: ActorSystem, cell: Any) -> None:
         self.kind = kind
         self.key = key
         self.system = system
         self._cell = cell
+        self._discarded = False
+
+    @property
+    def discarded(self) -> bool:
+        """True once the runtime has thrown this instance away (after a crash, a failed
+        activation or a finished passivation).  Workloads read it from outside the system to
+        check that one key never has two live instances at once."""
+        return self._discarded
 
     @property
     def env(self) -> Env:

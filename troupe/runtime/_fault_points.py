@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 fault_point_names = (
-    "turn_raises",
+    "turn_raises_before",
+    "turn_raises_after",
     "activate_fails",
     "passivate_fails",
     "service_crashes",
@@ -28,7 +29,12 @@ fault_point_names = (
     "reminder_late",
     "reminder_service_crashes",
 )
-"""Every point the runtime consults; the simulator arms a per-seed subset of them."""
+"""Every point the runtime consults; the simulator arms a per-seed subset of them.
+
+``turn_raises_before`` fails a turn before the actor's code runs; ``turn_raises_after`` fails
+it after the actor's code returned, so its writes are committed while the caller sees a crash
+(the "unknown outcome" a client must be ready for).  ``activate_fails`` is consulted twice per
+activation: before the instance is built and after ``on_activate`` returned."""
 
 
 class InjectedFault(Exception):

@@ -11,6 +11,11 @@ skips over (at most ``wake_seconds_max`` late).  A backward jump must not hold b
 that were already due, so the service never lets its notion of "now" go backward: it uses the
 highest wall time it has seen, persisted every ``high_water_persist_seconds`` so that a restart
 on a clock that went back does not delay reminders by more than that.
+
+Simulator hooks: the ``reminder_late`` fault point holds a delivery back by
+``delay_seconds("reminder_late")``; the service itself is a supervised child with the
+``reminder_service_crashes`` fault point (see ``ActorSystem``), and a restart re-arms it from
+storage.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import trio
 from . import _limits
 from ._actor import ReminderFired
 from ._exceptions import ActorError, PoisonMessage
+from ._fault_points import no_fault_points
 
 if TYPE_CHECKING:
     from ._system import ActorSystem
@@ -188,6 +194,8 @@ class ReminderService:
         address = (kind, key, name)
         retry_after = None
         try:
+            if system.env.fault_points is not no_fault_points and system._fault("reminder_late", kind, key):
+                await trio.sleep(system.env.fault_points.delay_seconds("reminder_late"))
             async with limiter:
                 rows = await system.storage.read(lambda connection: reminders_for(connection, kind, key))
                 payloads = [row.payload for row in rows if row.name == name and row.due_wall == due_wall]
@@ -195,6 +203,9 @@ class ReminderService:
                     return  # cancelled or replaced in storage
                 system.tracer.record("reminder_fire", kind, key, name=name)
                 self.fired += 1
+                # PLANTED BUG (simulator tests only): delete the row before the actor handled it.
+                if "reminder_lost_on_crash" in system.env.planted_bugs:
+                    await self._delete_if_still_due(kind, key, name, due_wall)
                 await system.ref(kind, key).ask(ReminderFired(name, due_wall, payloads[0]))
         except PoisonMessage:
             self.poisoned += 1

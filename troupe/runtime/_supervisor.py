@@ -16,20 +16,30 @@ after a backoff that doubles up to a bound, forever.
 
 Every decision is a trace event (``child_crash``, ``restart``, ``escalate``, ``unavailable``,
 ``recover``), so the simulator's trace shows exactly what supervision did.
+
+A child whose spec names a ``fault_point`` may be crashed on purpose by the simulator: while
+the supervisor's fault points are armed, a companion task asks ``fires(point)`` every
+``service_fault_check_seconds`` and, when it fires, cancels the child and reports
+``InjectedFault`` as its crash (trace event ``fault``).  Production passes ``no_fault_points``
+and starts no companion task.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
 import trio
 
 from . import _limits
+from ._fault_points import FaultPoints, InjectedFault, no_fault_points
 from ._limits import RestartIntensity
 from ._trace import Tracer
+
+service_fault_check_seconds = 1.0
+"""How often an armed supervisor asks whether a child with a ``fault_point`` crashes now."""
 
 
 class Strategy(Enum):
@@ -59,6 +69,9 @@ class ChildSpec:
     run: Callable[..., Awaitable[None]]
     on_unavailable: Callable[[float], None] | None = None
     on_recovered: Callable[[], None] | None = None
+    fault_point: str | None = None
+    """The fault point (``fault_point_names``) that may crash this child in the simulator;
+    ``ActorSystem`` gives services ``service_crashes`` unless they name their own."""
 
 
 @dataclass
@@ -67,6 +80,9 @@ class _RunningChild:
     generation: int
     scope: trio.CancelScope
     stopped: trio.Event = field(default_factory=trio.Event)
+    injected: InjectedFault | None = None
+    """Set when a fault point crashed the child: its cancellation is then a crash."""
+    crasher: bool = False
 
 
 class Supervisor:
@@ -82,7 +98,12 @@ class Supervisor:
         clock: Callable[[], float] = trio.current_time,
         tracer: Tracer | None = None,
         escalate: bool = True,
+        fault_points: FaultPoints = no_fault_points,
+        planted_bugs: Collection[str] = frozenset(),
     ) -> None:
+        """``fault_points`` may crash children that name a ``fault_point``; an object with an
+        ``armed`` property is asked at each child start (the ActorSystem's view of its Env).
+        ``planted_bugs``: the simulator's deliberate bugs (empty in production)."""
         names = [child.name for child in children]
         assert len(names) == len(set(names)), "child names must be unique"
         self.name = name
@@ -92,6 +113,8 @@ class Supervisor:
         self._clock = clock
         self._tracer = tracer or Tracer(enabled=False)
         self._escalate = escalate
+        self._fault_points = fault_points
+        self._planted_bugs = frozenset(planted_bugs)
         self._restart_times: deque[float] = deque()
         self._running: dict[str, _RunningChild] = {}
         self._generation = 0
@@ -125,9 +148,41 @@ class Supervisor:
         running = _RunningChild(spec, self._generation, trio.CancelScope())
         self._running[spec.name] = running
         try:
-            await self._nursery.start(self._child_task, running)
+            await self._launch(running)
         except Exception as error:  # failed before it was ready: same as a crash
             await self._on_child_exit(running, error)
+
+    async def _launch(self, running: _RunningChild) -> None:
+        await self._nursery.start(self._child_task, running)
+        if self._fault_points_armed():
+            self._start_crasher(running)
+
+    def _fault_points_armed(self) -> bool:
+        fault_points = self._fault_points
+        return fault_points is not no_fault_points and getattr(fault_points, "armed", True)
+
+    def arm_fault_points(self) -> None:
+        """The fault points were armed after the children started: watch them from now."""
+        if self._fault_points_armed():
+            for running in list(self._running.values()):
+                self._start_crasher(running)
+
+    def _start_crasher(self, running: _RunningChild) -> None:
+        if running.spec.fault_point is not None and not running.crasher and not running.stopped.is_set():
+            running.crasher = True
+            self._nursery.start_soon(self._crash_when_fired, running)
+
+    async def _crash_when_fired(self, running: _RunningChild) -> None:
+        point = running.spec.fault_point
+        while True:
+            await trio.sleep(service_fault_check_seconds)
+            if running.stopped.is_set() or self._running.get(running.spec.name) is not running:
+                return
+            if self._fault_points.fires(point):
+                self._tracer.record("fault", "supervisor", self.name, point=point, child=running.spec.name)
+                running.injected = InjectedFault(f"{point}: {running.spec.name}")
+                running.scope.cancel()
+                return
 
     async def _child_task(self, running: _RunningChild, *, task_status=trio.TASK_STATUS_IGNORED):
         relay = _StartedRelay(task_status)
@@ -141,7 +196,9 @@ class Supervisor:
             error = exception
         finally:
             running.stopped.set()
-        if running.scope.cancelled_caught:
+        if running.injected is not None:
+            error = running.injected
+        elif running.scope.cancelled_caught:
             return  # we stopped it on purpose
         if error is None:
             error = RuntimeError(f"child {running.spec.name!r} returned")
@@ -150,6 +207,10 @@ class Supervisor:
     async def _on_child_exit(self, running: _RunningChild, error: BaseException | None) -> None:
         spec = running.spec
         self._tracer.record("child_crash", "supervisor", self.name, child=spec.name, error=type(error).__name__)
+        # PLANTED BUG (simulator tests only): leave the crashed child down, say nothing.
+        if "no_service_restart" in self._planted_bugs:
+            self._running.pop(spec.name, None)
+            return
         if not self._within_intensity():
             self.escalations += 1
             if self._escalate:
@@ -202,7 +263,7 @@ class Supervisor:
             running = _RunningChild(spec, self._generation, trio.CancelScope())
             self._running[spec.name] = running
             try:
-                await self._nursery.start(self._child_task, running)
+                await self._launch(running)
             except Exception:
                 backoff = min(backoff * 2, _limits.recovery_backoff_seconds_max)
                 continue

@@ -13,11 +13,18 @@ fails only that turn's caller, discards the instance and the next message re-act
 storage.  Restart intensity is per actor (OTP's default, 1 restart in 5 s); exceeding it
 escalates to the kind supervisor, which absorbs a bounded number of escalations before it
 gives up and the root marks the kind ``Unavailable`` while it recovers.
+
+Fault points and planted bugs (``troupe.runtime._fault_points``) are consulted on the Env at
+the moment of use, because the simulator arms them only once a process has started.  With the
+production ``no_fault_points`` each point costs one identity comparison; the ``_fault`` helper
+(trace record included) runs only when the simulator armed something.  Every branch guarded by
+``env.planted_bugs`` is a deliberate bug that only the simulator's own tests switch on.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,10 +45,45 @@ from ._exceptions import (
     Unavailable,
     UnknownActorKind,
 )
+from ._fault_points import InjectedFault, no_fault_points
 from ._limits import RestartIntensity
 from ._reminders import ReminderService
 from ._supervisor import ChildSpec, Strategy, Supervisor, SupervisorEscalated
 from ._trace import Tracer
+
+runtime_event_kinds = (
+    # actors
+    "activate", "activation_failed", "turn", "crash", "restart", "escalate", "poison",
+    "poison_refused", "turn_timeout", "passivate", "passivate_failed", "evict", "kind_failed",
+    # posting
+    "overloaded", "unavailable_refused",
+    # in-memory timers
+    "timer", "timer_dropped",
+    # durable reminders
+    "reminder_fire", "reminder_poison", "reminder_error",
+    # supervisors (kind "supervisor"; "restart" and "escalate" are shared with actors)
+    "child_crash", "unavailable", "recover",
+    # an armed fault point fired (field ``point``)
+    "fault",
+)
+"""Every trace event kind the runtime records (``troupe sim sweep`` reports which it saw).
+Actors may record their own kinds through ``ActorContext.trace``; those are not listed."""
+
+runtime_planted_bugs = (
+    "keep_instance_after_crash",
+    "no_service_restart",
+    "redeliver_after_crash",
+    "skip_predecessor_wait",
+    "no_restart_intensity",
+    "reminder_lost_on_crash",
+    "late_timer_dropped",
+    "timer_fires_twice",
+)
+"""Deliberate runtime bugs ``troupe sim --plant-bug`` can switch on (``Env.planted_bugs``):
+a crashed actor keeps its dirty instance; a supervisor leaves a crashed child down; a message
+whose turn crashed is delivered once more; a new activation loads state while its predecessor
+still passivates; actors never escalate; a reminder is deleted before its turn ran; a late
+in-memory timer is dropped; an in-memory timer delivers its message twice."""
 
 turn_latency_buckets_seconds = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -66,9 +108,42 @@ class _Envelope:
             self.done.set()
 
 
+class _RedeliveredEnvelope(_Envelope):
+    """PLANTED BUG ``redeliver_after_crash`` only: a crashed message queued a second time."""
+
+    __slots__ = ()
+
+
+def _identity(message: Any) -> dict[str, str]:
+    """The trace fields naming a message: its ``trace_id`` when it has a str one (ids and
+    idempotency keys are deterministic; reprs may hold paths or addresses and are not)."""
+    trace_id = getattr(message, "trace_id", None)
+    return {"id": trace_id} if isinstance(trace_id, str) else {}
+
+
+class _EnvFaultPoints:
+    """The Env's fault points as they are at the moment of use: the supervisor holds this
+    view because the simulator arms the Env's points only after the system has started."""
+
+    __slots__ = ("_env",)
+
+    def __init__(self, env: Env) -> None:
+        self._env = env
+
+    @property
+    def armed(self) -> bool:
+        return self._env.fault_points is not no_fault_points
+
+    def fires(self, point: str) -> bool:
+        return self._env.fault_points.fires(point)
+
+    def delay_seconds(self, point: str) -> float:
+        return self._env.fault_points.delay_seconds(point)
+
+
 class _Cell:
     __slots__ = (
-        "runtime", "key", "send", "receive", "actor", "timers",
+        "runtime", "key", "send", "receive", "actor", "context", "timers",
         "passivate_requested", "detached", "stopped", "finished", "last_active",
         "turn_started", "deadline_scope", "predecessor",
     )
@@ -78,6 +153,7 @@ class _Cell:
         self.key = key
         self.send, self.receive = trio.open_memory_channel[_Envelope](runtime.spec.mailbox_messages_max)
         self.actor: Actor | None = None
+        self.context: ActorContext | None = None
         self.timers: dict[str, trio.CancelScope] = {}
         self.passivate_requested = False
         self.detached = False
@@ -198,8 +274,11 @@ class ActorSystem:
             self._kinds[spec.name] = _KindRuntime(spec)
         self._live: OrderedDict[tuple[str, str], _Cell] = OrderedDict()
         self.reminders = ReminderService(self)
-        children = [ChildSpec("reminders", self.reminders.run)]
-        children += list(services or [])
+        children = [ChildSpec("reminders", self.reminders.run, fault_point="reminder_service_crashes")]
+        children += [
+            service if service.fault_point is not None else dataclasses.replace(service, fault_point="service_crashes")
+            for service in services or []
+        ]
         children += [self._kind_child(runtime) for runtime in self._kinds.values()]
         self.root = Supervisor(
             "root",
@@ -209,7 +288,10 @@ class ActorSystem:
             clock=env.clock.monotonic,
             tracer=self.tracer,
             escalate=False,
+            fault_points=_EnvFaultPoints(env),
+            planted_bugs=env.planted_bugs,
         )
+        self._supervision_armed = False
         self.running = False
         """True while ``run`` runs (readiness probes read it)."""
 
@@ -261,7 +343,12 @@ class ActorSystem:
         if runtime is None:
             raise UnknownActorKind(kind)
         if not runtime.available or runtime.nursery is None:
+            self.tracer.record("unavailable_refused", kind, key, **_identity(envelope.message))
             raise Unavailable(kind, max(runtime.retry_at - self.env.clock.monotonic(), _limits.retry_after_seconds_min))
+        if self.env.fault_points is not no_fault_points and self._fault("mailbox_full", kind, key, envelope.message):
+            runtime.statistics.overloaded += 1
+            self.tracer.record("overloaded", kind, key, **_identity(envelope.message))
+            raise Overloaded(kind, key, _limits.retry_after_seconds_min)
         address = (kind, key)
         cell = self._live.get(address)
         if cell is None:
@@ -272,6 +359,7 @@ class ActorSystem:
             cell.send.send_nowait(envelope)
         except trio.WouldBlock:
             runtime.statistics.overloaded += 1
+            self.tracer.record("overloaded", kind, key, **_identity(envelope.message))
             raise Overloaded(kind, key, self._retry_after(runtime, cell)) from None
 
     def _retry_after(self, runtime: _KindRuntime, cell: _Cell) -> float:
@@ -279,6 +367,19 @@ class ActorSystem:
         average = statistics.turn_seconds_total / statistics.turns if statistics.turns else 0.01
         depth = cell.send.statistics().current_buffer_used
         return min(max(depth * average, _limits.retry_after_seconds_min), _limits.retry_after_seconds_max)
+
+    def _fault(self, point: str, kind: str, key: str, message: Any = None) -> bool:
+        """Whether the armed fault ``point`` fires now; traces it when it does.  Callers test
+        ``env.fault_points is not no_fault_points`` first, so production never gets here."""
+        if not self._supervision_armed:
+            # The simulator armed the Env after the system started: let the supervisors start
+            # crashing their services too.
+            self._supervision_armed = True
+            self.root.arm_fault_points()
+        if not self.env.fault_points.fires(point):
+            return False
+        self.tracer.record("fault", kind, key, point=point, **_identity(message))
+        return True
 
     def _create_cell(self, runtime: _KindRuntime, key: str) -> _Cell:
         while len(self._live) >= self.live_actors_max:
@@ -308,10 +409,12 @@ class ActorSystem:
     async def _run_cell(self, cell: _Cell) -> None:
         runtime = cell.runtime
         try:
-            if cell.predecessor is not None:
+            # PLANTED BUG (simulator tests only): load state while the predecessor passivates.
+            if cell.predecessor is not None and "skip_predecessor_wait" not in self.env.planted_bugs:
                 await cell.predecessor.wait()
             await self._cell_loop(cell)
         finally:
+            self._discard(cell)
             self._detach(cell)
             for scope in cell.timers.values():
                 scope.cancel()
@@ -341,7 +444,9 @@ class ActorSystem:
             if not scope.cancelled_caught:
                 break
             cell.turn_started = None
-            timeout = trio.TooSlowError(f"turn exceeded {cell.runtime.spec.turn_timeout_seconds}s")
+            spec = cell.runtime.spec
+            self.tracer.record("turn_timeout", spec.name, cell.key, **_identity(current[0].message))
+            timeout = trio.TooSlowError(f"turn exceeded {spec.turn_timeout_seconds}s")
             await self._after_crash(cell, current[0], timeout)
         await self._passivate(cell)
 
@@ -376,14 +481,21 @@ class ActorSystem:
         runtime = cell.runtime
         spec = runtime.spec
         context = ActorContext(spec.name, cell.key, self, cell)
+        faults = self.env.fault_points is not no_fault_points
         try:
+            if faults and self._fault("activate_fails", spec.name, cell.key, envelope.message):
+                raise InjectedFault("activate_fails (before on_activate)")
             actor = spec.factory(context)
             await actor.on_activate()
+            if faults and self._fault("activate_fails", spec.name, cell.key, envelope.message):
+                raise InjectedFault("activate_fails (after on_activate)")
         except Exception as error:
+            context._discarded = True
             self.tracer.record("activation_failed", spec.name, cell.key, error=type(error).__name__)
             await self._after_crash(cell, envelope, error)
             return False
         cell.actor = actor
+        cell.context = context
         runtime.statistics.activations += 1
         self.tracer.record("activate", spec.name, cell.key)
         return True
@@ -394,18 +506,30 @@ class ActorSystem:
         message = envelope.message
         # Fingerprints cost a repr: only compute them once this kind has seen a crash.
         if runtime.crash_counts and runtime.crash_counts.get((cell.key, _fingerprint(message)), 0) >= 2:
-            self.tracer.record("poison_refused", spec.name, cell.key, message=type(message).__name__)
+            self.tracer.record(
+                "poison_refused", spec.name, cell.key, message=type(message).__name__, **_identity(message)
+            )
             envelope.fail(PoisonMessage(spec.name, cell.key, "message is quarantined as poison"))
             return
-        self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__)
+        # The hot path: no helper call and no keyword merge unless the message has an id.
+        trace_id = getattr(message, "trace_id", None)
+        if trace_id.__class__ is str:
+            self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__, id=trace_id)
+        else:
+            self.tracer.record("turn", spec.name, cell.key, message=type(message).__name__)
         clock = self.env.clock
+        faults = self.env.fault_points is not no_fault_points
         try:
+            if faults:
+                await self._before_turn_faults(cell, message)
             if isinstance(message, ReminderFired):
                 await cell.actor.on_reminder(message.name, message.payload)
                 await self.reminders.completed(spec.name, cell.key, message)
                 result = None
             else:
                 result = await cell.actor.receive(message)
+            if faults and self._fault("turn_raises_after", spec.name, cell.key, message):
+                raise InjectedFault("turn_raises_after")
         except Exception as error:
             await self._after_crash(cell, envelope, error)
             return
@@ -418,6 +542,15 @@ class ActorSystem:
         bucket = bisect.bisect_left(turn_latency_buckets_seconds, elapsed)
         statistics.turn_latency_counts[bucket] += 1
         envelope.succeed(result)
+
+    async def _before_turn_faults(self, cell: _Cell, message: Any) -> None:
+        name = cell.runtime.spec.name
+        if self._fault("turn_raises_before", name, cell.key, message):
+            raise InjectedFault("turn_raises_before")
+        if self._fault("turn_overruns", name, cell.key, message):
+            # Run well past the limit so the kind's watchdog, not this sleep, ends the turn.
+            overrun = self.env.fault_points.delay_seconds("turn_overruns")
+            await trio.sleep(2 * cell.runtime.spec.turn_timeout_seconds + overrun)
 
     async def _after_crash(self, cell: _Cell, envelope: _Envelope, error: Exception) -> None:
         runtime = cell.runtime
@@ -433,15 +566,22 @@ class ActorSystem:
                 runtime.crash_counts.popitem(last=False)
         # Only the type goes into the trace: messages may hold paths or addresses, which would
         # make the same seed hash differently on another machine.
-        self.tracer.record("crash", spec.name, cell.key, message=type(envelope.message).__name__, error=type(error).__name__)
+        identity = _identity(envelope.message)
+        message_type = type(envelope.message).__name__
+        self.tracer.record("crash", spec.name, cell.key, message=message_type, error=type(error).__name__, **identity)
         if count >= 2:
             statistics.poison += 1
-            self.tracer.record("poison", spec.name, cell.key, message=type(envelope.message).__name__)
+            self.tracer.record("poison", spec.name, cell.key, message=message_type, **identity)
             envelope.fail(PoisonMessage(spec.name, cell.key, _describe(error)))
         else:
             envelope.fail(ActorCrashed(spec.name, cell.key, _describe(error)))
+        planted_bugs = self.env.planted_bugs
+        if planted_bugs:
+            self._planted_after_crash(cell, envelope, planted_bugs)
         # Discard the instance: the next message re-activates it from durable state.
-        cell.actor = None
+        # PLANTED BUG (simulator tests only): keep the dirty instance instead.
+        if "keep_instance_after_crash" not in planted_bugs:
+            self._discard(cell)
         for scope in cell.timers.values():
             scope.cancel()
         cell.timers.clear()
@@ -450,7 +590,8 @@ class ActorSystem:
         runtime.restart_histories[cell.key] = history
         while len(runtime.restart_histories) > _limits.restart_histories_max:
             runtime.restart_histories.popitem(last=False)
-        if spec.intensity.admits(history, now):
+        # PLANTED BUG (simulator tests only): never escalate, whatever the restart rate.
+        if spec.intensity.admits(history, now) or "no_restart_intensity" in planted_bugs:
             statistics.restarts += 1
             self.tracer.record("restart", spec.name, cell.key)
             return
@@ -462,19 +603,38 @@ class ActorSystem:
         if not spec.kind_intensity.admits(runtime.escalation_times, now):
             self._kind_failed(runtime)
 
+    def _planted_after_crash(self, cell: _Cell, envelope: _Envelope, planted_bugs: frozenset[str]) -> None:
+        # PLANTED BUG (simulator tests only): deliver the crashed message once more.
+        if "redeliver_after_crash" in planted_bugs and not isinstance(envelope, _RedeliveredEnvelope):
+            try:
+                cell.send.send_nowait(_RedeliveredEnvelope(envelope.message, wants_reply=False))
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                pass
+
+    def _discard(self, cell: _Cell) -> None:
+        """Throw the instance away; its context reports ``discarded`` from now on."""
+        cell.actor = None
+        if cell.context is not None:
+            cell.context._discarded = True
+            cell.context = None
+
     async def _passivate(self, cell: _Cell) -> None:
         actor = cell.actor
-        cell.actor = None
         if actor is None:
             return
         runtime = cell.runtime
+        name = runtime.spec.name
         runtime.statistics.passivations += 1
-        self.tracer.record("passivate", runtime.spec.name, cell.key)
+        self.tracer.record("passivate", name, cell.key)
         try:
             with trio.fail_after(runtime.spec.turn_timeout_seconds):
+                if self.env.fault_points is not no_fault_points and self._fault("passivate_fails", name, cell.key):
+                    raise InjectedFault("passivate_fails")
                 await actor.on_passivate()
         except Exception as error:
-            self.tracer.record("passivate_failed", runtime.spec.name, cell.key, error=type(error).__name__)
+            self.tracer.record("passivate_failed", name, cell.key, error=type(error).__name__)
+        finally:
+            self._discard(cell)
 
     # -- timers -------------------------------------------------------------------------
 
@@ -487,15 +647,26 @@ class ActorSystem:
         cell.runtime.nursery.start_soon(self._timer_task, cell, name, scope, delay_seconds, message)
 
     async def _timer_task(self, cell: _Cell, name: str, scope: trio.CancelScope, delay: float, message: Any) -> None:
+        kind = cell.runtime.spec.name
         with scope:
             await trio.sleep(delay)
+            if self.env.fault_points is not no_fault_points and self._fault("timer_late", kind, cell.key):
+                # PLANTED BUG (simulator tests only): a late timer is silently dropped.
+                if "late_timer_dropped" in self.env.planted_bugs:
+                    if cell.timers.get(name) is scope:
+                        del cell.timers[name]
+                    return
+                await trio.sleep(self.env.fault_points.delay_seconds("timer_late"))
             if cell.timers.get(name) is scope:
                 del cell.timers[name]
-            self.tracer.record("timer", cell.runtime.spec.name, cell.key, name=name)
-            try:
-                cell.send.send_nowait(_Envelope(message, wants_reply=False))
-            except (trio.WouldBlock, trio.ClosedResourceError):
-                self.tracer.record("timer_dropped", cell.runtime.spec.name, cell.key, name=name)
+            self.tracer.record("timer", kind, cell.key, name=name)
+            # PLANTED BUG (simulator tests only): the timer delivers its message twice.
+            deliveries = 2 if "timer_fires_twice" in self.env.planted_bugs else 1
+            for _ in range(deliveries):
+                try:
+                    cell.send.send_nowait(_Envelope(message, wants_reply=False))
+                except (trio.WouldBlock, trio.ClosedResourceError):
+                    self.tracer.record("timer_dropped", kind, cell.key, name=name)
 
     # -- kind supervision ---------------------------------------------------------------
 
@@ -573,4 +744,11 @@ async def open_actor_system(env: Env, kinds: list[ActorKind], **options: Any) ->
             nursery.cancel_scope.cancel()
 
 
-__all__ = ["ActorRef", "ActorSystem", "KindStatistics", "open_actor_system"]
+__all__ = [
+    "ActorRef",
+    "ActorSystem",
+    "KindStatistics",
+    "open_actor_system",
+    "runtime_event_kinds",
+    "runtime_planted_bugs",
+]
