@@ -16,7 +16,7 @@ Sources, later ones overriding earlier ones key by key:
 4. flags: ``--data-dir``, ``--listen SURFACE=HOST:PORT`` (repeatable), ``--trace``.
 
 A listen value of ``off`` disables that surface's listener.  Binding a non-loopback address
-needs ``TROUPE_ALLOW_NON_LOOPBACK=1`` in the environment; deliberately not a file or flag
+needs ``TROUPE_ALLOW_NON_LOOPBACK=1`` (or the host contract's ``IRIS_CONTAINER=1``) in the environment; deliberately not a file or flag
 option, so that opening the server to the network is always an explicit act of whoever
 starts the process.  Trade-off: unknown keys in ``[serve]`` are errors (typos must not be
 silently ignored), which means an older binary refuses a newer file's new keys.
@@ -190,7 +190,11 @@ def _apply_environment(settings: dict[str, Any], environ: Mapping[str, str]) -> 
         if name.startswith(prefix) and environ[name]:
             surface = name[len(prefix) :].lower()
             settings["listen"][surface] = _parse_listen_value(surface, environ[name], where=name)
-    settings["allow_non_loopback"] = environ.get("TROUPE_ALLOW_NON_LOOPBACK", "") == "1"
+    # IRIS_CONTAINER=1 is the host contract's own switch for the same thing (port mapping or a
+    # trusted Docker network); either one opens every listener to non-loopback addresses.
+    settings["allow_non_loopback"] = (
+        environ.get("TROUPE_ALLOW_NON_LOOPBACK", "") == "1" or environ.get("IRIS_CONTAINER", "") == "1"
+    )
 
 
 def _flag(arguments: Any, name: str) -> Any:

@@ -58,6 +58,9 @@ def _build_parser(*, simulator: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="troupe", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
+    from troupe.auth import add_token_commands
+
+    add_token_commands(commands)
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
     serve.add_argument("--config", default=None, help="troupe.toml to read")
@@ -129,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from troupe.server import serve_main
 
         return serve_main(arguments) or 0
+    if arguments.command == "token":
+        from troupe.auth import run_token_command
+
+        return run_token_command(arguments)
     return _sim(arguments)
 
 

@@ -3,9 +3,8 @@
 A surface is one contract on one listener: its quart-trio app, the actor kinds behind it and
 the storage migrations those kinds need.  ``serve`` collects the kinds and migrations of
 every surface before it starts the shared ``ActorSystem`` and ``Engine``, then builds each app
-with a ``SurfaceContext`` holding the running parts.  Later issues add the host, sessions,
-character and knowledge surfaces to ``default_surfaces``; at this stage only ``admin``
-exists.
+with a ``SurfaceContext`` holding the running parts.  Today ``default_surfaces`` serves
+``admin`` and ``host``; the sessions, character and knowledge surfaces join it as they land.
 
 Trade-off: kinds and migrations are static per surface (declared, not computed from the
 configuration), so the storage schema never depends on which listeners are switched on.
@@ -63,7 +62,10 @@ admin_surface = Surface("admin", admin_listen_default, _create_admin)
 
 def default_surfaces() -> list[Surface]:
     """Every surface this build serves, in listener start order."""
-    return [admin_surface]
+    # Imported here: the surface packages import troupe.server themselves.
+    from troupe.http.host import host_surface
+
+    return [admin_surface, host_surface]
 
 
 # What the shared ActorSystem and Engine need from every surface, collected in one place so
@@ -75,7 +77,8 @@ def surface_actor_kinds(surfaces: Sequence[Surface]) -> list[ActorKind]:
 
 
 def surface_migrations(surfaces: Sequence[Surface]) -> list[Migration]:
-    return [migration for surface in surfaces for migration in surface.migrations]
+    """Every surface's migrations once each: surfaces share components (tokens, for one)."""
+    return list(dict.fromkeys(migration for surface in surfaces for migration in surface.migrations))
 
 
 def surface_services(surfaces: Sequence[Surface]) -> list[ChildSpec]:

@@ -1,0 +1,282 @@
+"""The entry actor ``("entry", entry_id)``: owner of one chat entry's messages.
+
+Every write to an entry goes through its actor, one turn at a time, so a batch's dedupe
+lookups, inserts and pending count see no interleaving writer for that entry.  A batch is one
+storage write job: it creates the entry on its first message, then for each message either
+returns the id already stored under its ``dedupe_key`` (never overwriting it) or inserts a new
+row with ``learning_state = pending`` and the receive time from the Env clock.  Media
+references are checked inside the same job; one refused reference rolls the whole batch back.
+The reply is sent only after the commit: an acknowledged message is a durable message.
+
+Domain rejections (unknown media, storage unavailable) are replies, not exceptions: an
+exception in a turn is a crash and would restart the actor for the client's mistake.
+
+Extension points for later work: ``EntryActor.entry`` holds the entry's row (pace included)
+once loaded; the learning work adds messages and reminders to this actor (batching by pace on
+``received_at``), and ``media`` is the ``MediaResolver`` for ``media_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from troupe.auth import TokenGrant
+from troupe.runtime import Actor, ActorContext, ActorKind
+from troupe.storage import StorageError
+
+from ._media import MediaResolver, no_media
+from ._pace import Pace, named_paces, pace_name_default
+from ._schema import learning_state_pending, learning_states_unlearned
+
+entry_kind_name = "entry"
+messages_per_batch_max = 1000
+"""The contract's array limit; the HTTP layer refuses more before asking."""
+
+entry_mailbox_messages_max = 256
+entry_turn_timeout_seconds = 60.0
+"""A 1000-message batch is one transaction: generous, yet bounded."""
+
+assert messages_per_batch_max >= 1
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """One validated message as the HTTP layer hands it over (limits already checked)."""
+
+    dedupe_key: str
+    sender: str
+    content: str
+    occurred_at: str
+    """ISO 8601 with its offset, as normalised by the HTTP layer."""
+    occurred_at_seconds: float
+    kind: str = "message"
+    account_id: str | None = None
+    quote_author: str | None = None
+    quote_author_account_id: str | None = None
+    quote_content: str | None = None
+    scene_identity: str | None = None
+    platform: str | None = None
+    media_ids: tuple[str, ...] = ()
+    entry_name: str | None = None
+    entry_kind: str | None = None
+    pace: Pace | None = None
+
+
+@dataclass(frozen=True)
+class AcceptMessages:
+    """Store a batch atomically.  ``grant`` is the posting token: its name is the source."""
+
+    messages: tuple[NewMessage, ...]
+    grant: TokenGrant
+
+    def __post_init__(self) -> None:
+        assert 1 <= len(self.messages) <= messages_per_batch_max
+
+
+@dataclass(frozen=True)
+class MessagesAccepted:
+    message_ids: tuple[int, ...]
+    """In input order; a repeated dedupe key maps to the original id."""
+    pending_count: int
+
+
+@dataclass(frozen=True)
+class MediaRefused:
+    """Nothing was stored: these ``(message index, media position, media id)`` are not
+    referenceable (404)."""
+
+    refusals: tuple[tuple[int, int, str], ...]
+
+
+@dataclass(frozen=True)
+class StorageUnavailable:
+    """Nothing was stored (or it is unknown whether the commit happened): retry (503)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    entry_id: str
+    name: str | None
+    kind: str | None
+    pace: Pace
+    created_at: float
+    created_by: str
+
+
+class _Refused(Exception):
+    """Raised inside the write job to roll it back; never leaves the actor."""
+
+    def __init__(self, refusals: list[tuple[int, int, str]]) -> None:
+        super().__init__("media refused")
+        self.refusals = refusals
+
+
+class EntryActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, context: ActorContext, *, media: MediaResolver = no_media) -> None:
+        super().__init__(context)
+        self.media = media
+        self.entry: EntryRecord | None = None
+
+    async def on_activate(self) -> None:
+        entry_id = self.context.key
+        self.entry = await self.context.storage.read(lambda connection: load_entry(connection, entry_id))
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, AcceptMessages):
+            return await self._accept(message)
+        raise AssertionError(f"entry actor got an unknown message {type(message).__name__}")
+
+    async def _accept(self, command: AcceptMessages) -> Any:
+        entry_id = self.context.key
+        received_at = self.context.env.clock.wall()
+        media = self.media
+
+        def job(connection: apsw.Connection) -> tuple[MessagesAccepted, EntryRecord]:
+            return accept_messages(connection, entry_id, command, received_at, media)
+
+        try:
+            accepted, entry = await self.context.storage.write(job)
+        except _Refused as refused:
+            return MediaRefused(tuple(refused.refusals))
+        except StorageError as exc:
+            return StorageUnavailable(type(exc).__name__)
+        self.entry = entry
+        self.context.trace("messages_accepted", count=len(accepted.message_ids))
+        return accepted
+
+
+def load_entry(connection: apsw.Connection, entry_id: str) -> EntryRecord | None:
+    row = connection.execute(
+        "SELECT name, kind, pace_name, pace_count, pace_idle_seconds, pace_max_wait_seconds, "
+        "created_at, created_by FROM host_entries WHERE entry_id = ?",
+        (entry_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    name, kind, pace_name, count, idle_seconds, max_wait_seconds, created_at, created_by = row
+    pace = Pace(count, idle_seconds, max_wait_seconds, pace_name)
+    return EntryRecord(entry_id, name, kind, pace, created_at, created_by)
+
+
+def _first(messages: Sequence[NewMessage], field: str) -> Any:
+    """The first message's value of ``field`` that was given (creation settings)."""
+    for message in messages:
+        value = getattr(message, field)
+        if value is not None:
+            return value
+    return None
+
+
+def _create_entry(
+    connection: apsw.Connection, entry_id: str, command: AcceptMessages, received_at: float
+) -> EntryRecord:
+    messages = command.messages
+    pace = _first(messages, "pace") or named_paces[pace_name_default]
+    record = EntryRecord(
+        entry_id, _first(messages, "entry_name"), _first(messages, "entry_kind"), pace,
+        received_at, command.grant.name,
+    )
+    connection.execute(
+        "INSERT INTO host_entries (entry_id, name, kind, pace_name, pace_count, pace_idle_seconds, "
+        "pace_max_wait_seconds, created_at, created_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (entry_id, record.name, record.kind, pace.name, pace.count, pace.idle_seconds,
+         pace.max_wait_seconds, received_at, record.created_by),
+    )
+    return record
+
+
+_insert_message_sql = (
+    "INSERT INTO host_messages (entry_id, dedupe_key, kind, sender, account_id, content, "
+    "occurred_at, occurred_at_seconds, received_at, quote_author, quote_author_account_id, "
+    "quote_content, scene_identity, platform, source, learning_state) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def accept_messages(
+    connection: apsw.Connection,
+    entry_id: str,
+    command: AcceptMessages,
+    received_at: float,
+    media: MediaResolver = no_media,
+) -> tuple[MessagesAccepted, EntryRecord]:
+    """The write job: all of the batch or (raising) none of it."""
+    entry = load_entry(connection, entry_id) or _create_entry(connection, entry_id, command, received_at)
+    source = command.grant.name
+    message_ids: list[int] = []
+    refusals: list[tuple[int, int, str]] = []
+    for index, message in enumerate(command.messages):
+        existing = connection.execute(
+            "SELECT id FROM host_messages WHERE entry_id = ? AND dedupe_key = ?",
+            (entry_id, message.dedupe_key),
+        ).fetchone()
+        if existing is not None:
+            # A retry: the original stands (its media references are not re-checked).
+            message_ids.append(existing[0])
+            continue
+        if message.media_ids:
+            positions = media.refused_positions(connection, command.grant, entry_id, message.media_ids)
+            if positions:
+                refusals.extend((index, position, message.media_ids[position]) for position in positions)
+                continue
+        connection.execute(_insert_message_sql, (
+            entry_id, message.dedupe_key, message.kind, message.sender, message.account_id,
+            message.content, message.occurred_at, message.occurred_at_seconds, received_at,
+            message.quote_author, message.quote_author_account_id, message.quote_content,
+            message.scene_identity, message.platform, source, learning_state_pending,
+        ))
+        message_id = connection.last_insert_rowid()
+        message_ids.append(message_id)
+        for position, media_id in enumerate(message.media_ids):
+            connection.execute(
+                "INSERT INTO host_message_media (message_id, position, media_id) VALUES (?, ?, ?)",
+                (message_id, position, media_id),
+            )
+    if refusals:
+        raise _Refused(refusals)
+    return MessagesAccepted(tuple(message_ids), pending_count(connection, entry_id)), entry
+
+
+def pending_count(connection: apsw.Connection, entry_id: str) -> int:
+    """Messages of ``entry_id`` not yet learned (pending or in a batch)."""
+    placeholders = ", ".join("?" for _ in learning_states_unlearned)
+    row = connection.execute(
+        f"SELECT count(*) FROM host_messages WHERE entry_id = ? AND learning_state IN ({placeholders})",
+        (entry_id, *learning_states_unlearned),
+    ).fetchone()
+    return int(row[0])
+
+
+def entry_actor_kind(*, media: MediaResolver = no_media) -> ActorKind:
+    """The ``entry`` kind, with the media resolver its actors check references with."""
+    return ActorKind(
+        entry_kind_name,
+        lambda context: EntryActor(context, media=media),
+        mailbox_messages_max=entry_mailbox_messages_max,
+        turn_timeout_seconds=entry_turn_timeout_seconds,
+    )
+
+
+__all__ = [
+    "AcceptMessages",
+    "EntryActor",
+    "EntryRecord",
+    "MediaRefused",
+    "MessagesAccepted",
+    "NewMessage",
+    "StorageUnavailable",
+    "accept_messages",
+    "entry_actor_kind",
+    "entry_kind_name",
+    "load_entry",
+    "messages_per_batch_max",
+    "pending_count",
+]

@@ -1,0 +1,77 @@
+"""troupe.http.host: the host surface (Iris host API v1, contract ``000``).
+
+- ``host_surface``: the ``troupe serve`` plug-in (listener ``host``, default 127.0.0.1:8080,
+  its actor kinds and migrations);
+- ``create_host_app`` / ``HostAppDependencies``: the app itself, for tests and the simulator;
+- ``HostGate`` / ``NoStore``: the ASGI checks in the contract's order (readiness, token, rate,
+  entry id, scope, per-route body limit) and ``Cache-Control: no-store``;
+- the unified error body (``HostError``, ``error_document``, ``host_error_envelope``) and the
+  route table (body limits per route, ``entry_segment``);
+- request models (``MessageIn``, ``parse_message_batch``) and the OpenAPI document.
+"""
+
+from ._app import EntryIdConverter, HostAppDependencies, ask_actor, create_host_app
+from ._errors import (
+    FieldProblem,
+    HostError,
+    default_messages,
+    error_document,
+    host_error_envelope,
+    retry_at_text,
+)
+from ._gate import GateAdmission, HostGate, NoStore, admission_key, admission_of
+from ._openapi import docs_page, openapi_document
+from ._routes import (
+    api_prefix,
+    body_bytes_max_for,
+    content_bytes_max,
+    entry_segment,
+    goal_body_bytes_max,
+    media_body_bytes_max,
+    messages_body_bytes_max,
+    other_body_bytes_max,
+    state_body_bytes_max,
+)
+from ._schemas import CustomPace, MessageIn, parse_message_batch
+from ._surface import (
+    allowed_hosts_variable,
+    contract_allowed_hosts,
+    host_listen_default,
+    host_surface,
+)
+
+__all__ = [
+    "CustomPace",
+    "EntryIdConverter",
+    "FieldProblem",
+    "GateAdmission",
+    "HostAppDependencies",
+    "HostError",
+    "HostGate",
+    "MessageIn",
+    "NoStore",
+    "admission_key",
+    "admission_of",
+    "allowed_hosts_variable",
+    "api_prefix",
+    "ask_actor",
+    "body_bytes_max_for",
+    "content_bytes_max",
+    "contract_allowed_hosts",
+    "create_host_app",
+    "default_messages",
+    "docs_page",
+    "entry_segment",
+    "error_document",
+    "goal_body_bytes_max",
+    "host_error_envelope",
+    "host_listen_default",
+    "host_surface",
+    "media_body_bytes_max",
+    "messages_body_bytes_max",
+    "openapi_document",
+    "other_body_bytes_max",
+    "parse_message_batch",
+    "retry_at_text",
+    "state_body_bytes_max",
+]
