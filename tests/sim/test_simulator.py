@@ -42,10 +42,18 @@ def test_same_seed_same_trace_in_two_processes():
 
 
 def test_faults_are_really_injected():
-    result = run_simulation(SimulationConfig(seed=7, steps=1500))
-    assert result.crashes > 0 and result.io_errors + result.disk_full > 0
-    assert result.faults_injected >= result.crashes + result.io_errors
+    # Without swarm every kind is armed at its default rate.
+    result = run_simulation(SimulationConfig(seed=7, steps=1500, swarm=False))
+    assert result.process_crashes > 0 and result.io_errors + result.disk_full > 0
+    assert result.power_losses > 0 and sum(result.runtime_faults.values()) > 0
+    assert result.process_lifetimes == result.process_crashes + 1 + result.event_counts.get("sim_clean_restart", 0)
+    assert result.faults_injected >= result.process_crashes + result.io_errors + sum(result.runtime_faults.values())
     assert result.violations == []
+
+
+def test_swarm_gives_seeds_different_fault_mixes():
+    armed = {tuple(run_simulation(SimulationConfig(seed=seed, steps=50)).faults_armed) for seed in range(1, 9)}
+    assert len(armed) >= 4
 
 
 def test_no_faults_means_none_injected():
