@@ -4,7 +4,10 @@
 - live actors per GiB after 100k activations, and what is left once they passivated;
 - p99 reactivation from storage (first ask to a passivated, journal-backed actor);
 - time to ready after a crash with 1M journal records;
-- worst event-loop stall during a burst of actor writes (storage on worker threads).
+- worst event-loop stall during a burst of actor writes (storage on worker threads);
+- burst writes per second with group commit at ``synchronous=FULL`` (the engine's default,
+  one fsync of the WAL per batch) and at ``NORMAL`` (no fsync at commit: not power-safe), in
+  the same run, on the same disk (the temporary directory; pass ``TMPDIR`` to choose it).
 
 Usage: python bench/runtime.py [--activations 100000] [--journal-records 1000000]
 """
@@ -25,7 +28,13 @@ import trio
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from troupe.runtime import Actor, ActorKind, ActorSystem, real_env  # noqa: E402
-from troupe.storage import Engine, journal_append, journal_load, journal_snapshot  # noqa: E402
+from troupe.storage import (  # noqa: E402
+    Engine,
+    journal_append,
+    journal_load,
+    journal_snapshot,
+    synchronous_default,
+)
 
 
 def resident_bytes() -> int:
@@ -127,7 +136,8 @@ async def reactivation(env, directory: str, actors: int = 2000, records_each: in
     }
 
 
-async def write_burst_stall(env, tasks: int = 50, writes_each: int = 400) -> dict:
+async def write_burst_stall(env, tasks: int = 50, writes_each: int = 400,
+                            synchronous: str = synchronous_default) -> dict:
     worst = 0.0
     tick_seconds = 0.001
     stop = trio.Event()
@@ -140,7 +150,7 @@ async def write_burst_stall(env, tasks: int = 50, writes_each: int = 400) -> dic
             worst = max(worst, trio.current_time() - before - tick_seconds)
 
     async with trio.open_nursery() as nursery:
-        engine = await Engine.open(env, nursery=nursery)
+        engine = await Engine.open(env, nursery=nursery, synchronous=synchronous)
         system = ActorSystem(env, [ActorKind("ledger", Ledger)], storage=engine)
         await nursery.start(system.run)
         nursery.start_soon(ticker)
@@ -227,6 +237,13 @@ async def main(arguments) -> dict:
             nursery.cancel_scope.cancel()
         figures.update(await reactivation(env, directory))
         figures.update(await write_burst_stall(real_env(os.path.join(directory, "burst"))))
+        for synchronous in ("FULL", "NORMAL"):
+            burst = await write_burst_stall(
+                real_env(os.path.join(directory, f"burst-{synchronous.lower()}")),
+                synchronous=synchronous)
+            figures[f"burst_writes_per_second_{synchronous.lower()}"] = burst[
+                "burst_writes_per_second"]
+            figures[f"burst_transactions_{synchronous.lower()}"] = burst["burst_transactions"]
         figures.update(await ready_after_crash(real_env(os.path.join(directory, "crash")), arguments.journal_records))
     return figures
 

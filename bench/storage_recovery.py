@@ -8,6 +8,9 @@
 4. worst_loop_stall_ms: 20,000 small writes from 50 trio tasks with the thread executor while a
    ticker sleeps 1 ms and records how late it wakes (trio.current_time()).
 
+Every engine here runs the default ``synchronous`` (FULL since power loss is modelled; the
+figure is in the JSON line).
+
 Run: ``.venv/bin/python bench/storage_recovery.py [--records N] [--actors N]``.
 """
 
@@ -22,7 +25,13 @@ import time
 import trio
 
 from troupe.runtime._real_env import real_env
-from troupe.storage import Engine, journal_append, journal_load, journal_snapshot
+from troupe.storage import (
+    Engine,
+    journal_append,
+    journal_load,
+    journal_snapshot,
+    synchronous_default,
+)
 
 snapshot_every_records = 64
 records_per_job = 1000
@@ -124,6 +133,7 @@ async def main(records: int, actors: int) -> dict:
             "actors": actors,
             "journal_rows_kept": kept,
             "snapshot_every_records": snapshot_every_records,
+            "synchronous": synchronous_default,
             "build_seconds": round(build_seconds, 2),
             "open_seconds": round(open_seconds, 4),
             "ready_seconds": round(ready_seconds, 4),

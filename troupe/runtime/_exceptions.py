@@ -30,6 +30,10 @@ class Overloaded(ActorError):
         self.key = key
         self.retry_after_seconds = retry_after_seconds
 
+    def __reduce__(self):
+        # Errors cross process boundaries (sweep workers): rebuild from the constructor's arguments.
+        return (type(self), (self.kind, self.key, self.retry_after_seconds))
+
 
 class Unavailable(ActorError):
     """The actor kind's supervisor exhausted its restarts and is recovering."""
@@ -38,6 +42,9 @@ class Unavailable(ActorError):
         super().__init__(f"actor kind {kind!r} is unavailable; retry after {retry_after_seconds:.3f}s")
         self.kind = kind
         self.retry_after_seconds = retry_after_seconds
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.retry_after_seconds))
 
 
 class AskTimeout(ActorError):
@@ -52,6 +59,9 @@ class ActorCrashed(ActorError):
         self.kind = kind
         self.key = key
         self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.key, self.reason))
 
 
 class PoisonMessage(ActorCrashed):

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import cbor2
 import trio
 
 from troupe.runtime import (
@@ -63,6 +62,7 @@ from troupe.storage import (
 
 from ._fault_points import fault_point_delay_seconds_max
 from ._history import History, check_linearizable
+from ._trace_queries import poisoned_reminders
 from ._violation import Violation
 from ._workload import World, register_workload
 
@@ -663,7 +663,7 @@ class RegistersWorkload:
                 if name in state.reminder_names and not final:
                     continue
                 if poisoned is None:
-                    poisoned = _poisoned_reminders(world.tracer)
+                    poisoned = poisoned_reminders(world.tracer, kind_name)
                 if (key, name) in poisoned:
                     continue  # crashed twice: the runtime drops it, as documented
                 what = "its reminder is gone" if name not in state.reminder_names else "its reminder never completed it"
@@ -697,17 +697,6 @@ class RegistersWorkload:
 
 def _write_beats(connection: Any, beats: int) -> None:
     state_put(connection, ticker_name, "beats", beats)
-
-
-def _poisoned_reminders(tracer: Any) -> set[tuple[str, str]]:
-    """(key, reminder name) of every register reminder the runtime dropped as poison."""
-    found = set()
-    for encoded in tracer.records:
-        if b"reminder_poison" in encoded:
-            _, _, event, kind, key, fields = cbor2.loads(encoded)
-            if event == "reminder_poison" and kind == kind_name:
-                found.add((key, fields.get("name")))
-    return found
 
 
 register_workload("registers", RegistersWorkload)

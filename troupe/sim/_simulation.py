@@ -190,11 +190,19 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
         while True:
             world.generation += 1
             result.process_lifetimes += 1
-            assert world.generation <= generations_max, "simulation stuck in a restart loop"
+            if world.generation > generations_max:
+                result.violations.append(Violation("simulation stuck in a restart loop", checker="simulator"))
+                break
             if world.generation > 1:
                 tracer.record("sim_restart", "sim", "", generation=world.generation)
             if await lifetime.run():
                 break
+    except Exception as error:
+        # Something escaped the server and the checkers (a surface or a checker itself): that
+        # is a finding like any violation, and the sweep must go on to the next seed.
+        sequence = tracer.record("sim_aborted", "sim", "", error=type(error).__name__)
+        result.violations.append(Violation(f"simulation aborted: {_describe_error(error)}", (sequence,),
+                                           checker="simulator"))
     finally:
         vfs.unregister()
     for violation in _check_restart_intensity(tracer):
@@ -350,6 +358,12 @@ class _Lifetime:
             await trio.sleep(decisions.expovariate(1 / self.settings.clock_jump_interval_seconds))
             jump = (decisions.random() * 2 - 1) * clock_jump_seconds_max
             env.clock.jump(jump)
+
+
+def _describe_error(error: BaseException) -> str:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def _services(workload, world) -> list:

@@ -11,6 +11,9 @@ from ._engine import (
     EngineStatistics,
     open_engine,
     readers_max_limit,
+    storage_planted_bugs,
+    synchronous_default,
+    synchronous_modes,
     write_batch_jobs_max,
     write_queue_jobs_max,
 )
@@ -27,7 +30,7 @@ from ._exceptions import (
     StorageOverloaded,
 )
 from ._executor import InlineExecutor
-from ._faults import FaultPlan, FaultyVFS
+from ._faults import FaultPlan, FaultyVFS, power_loss_modes
 from ._journal import JournalState, journal_append, journal_last_seq, journal_load, journal_snapshot
 from ._migrations import Migration
 from ._reminders import (
@@ -69,6 +72,7 @@ __all__ = [
     "journal_load",
     "journal_snapshot",
     "open_engine",
+    "power_loss_modes",
     "readers_max_limit",
     "reminder_attempt",
     "reminder_delete",
@@ -78,6 +82,9 @@ __all__ = [
     "state_delete",
     "state_get",
     "state_put",
+    "storage_planted_bugs",
+    "synchronous_default",
+    "synchronous_modes",
     "write_batch_jobs_max",
     "write_queue_jobs_max",
 ]

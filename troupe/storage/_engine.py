@@ -12,8 +12,10 @@ Trade-offs:
 - A job that fails with an I/O error can take its batch-mates down with it (SQLite may roll
   back the whole transaction); they get ``BatchAborted`` and are not retried, because their
   functions may not be safe to run twice.  The engine itself stays usable for the next batch.
-- ``synchronous=NORMAL`` (the default): in WAL mode a commit survives a process crash but not
-  necessarily a power loss; pass ``synchronous="FULL"`` where power loss matters.
+- ``synchronous=FULL`` (the default): the WAL is synced at every group commit, so an
+  acknowledged write survives a power loss.  The fault VFS's power-loss model showed that
+  ``NORMAL`` (no sync at commit in WAL mode) loses acknowledged writes; the fsync costs one
+  per batch, not one per job, thanks to group commit (``bench/runtime.py`` measures both).
 - Checkpoints are the writer's own step after a batch, never SQLite's automatic one: apsw
   reports an I/O error met by the auto-checkpoint (which runs inside COMMIT, after the
   transaction is durable) as if COMMIT had failed, which would make a committed write look
@@ -21,6 +23,13 @@ Trade-offs:
 - The whole batch (begin, jobs, commit) is one ``Env.executor.run_sync`` call: one thread hop
   per batch in production, and under the simulator's inline executor a batch is atomic with
   respect to other tasks, which makes ``crash()`` exact and runs reproducible.
+- ``crash()`` may arrive in the middle of a batch: from the fault VFS (the simulator's process
+  death at the N-th I/O, called re-entrantly from inside SQLite) or from another thread's
+  point of view while a worker thread runs the batch.  The batch then stops at the next job
+  boundary or fails at its next I/O; no job is acknowledged after ``crash()``.
+- Commits are trace events when a ``tracer`` is given, recorded on the trio side after the
+  executor returns (never from a worker thread): ``commit`` (``batch`` = transaction number,
+  ``jobs``) and ``commit_failed``.
 
 Lifetime: ``Engine.open(env, nursery=...)`` starts the writer in the caller's nursery (without
 a nursery, in a trio system task); ``await engine.aclose()`` drains queued writes and closes
@@ -52,6 +61,7 @@ from ._exceptions import (
     StorageIOError,
     StorageOverloaded,
 )
+from ._faults import fault_plan_for
 from ._migrations import Migration, apply_migrations
 from ._schema import core_migrations
 
@@ -67,6 +77,13 @@ assert write_batch_jobs_max <= write_queue_jobs_max
 assert busy_timeout_seconds > 0
 
 synchronous_modes = ("NORMAL", "FULL", "EXTRA")
+synchronous_default = "FULL"
+assert synchronous_default in synchronous_modes
+
+storage_planted_bugs = ("weak_durability", "ack_failed_commit")
+"""Deliberately wrong behaviours the simulator's tests switch on by name in
+``Env.planted_bugs``: ``weak_durability`` runs ``synchronous=OFF`` whatever was asked;
+``ack_failed_commit`` reports a COMMIT that raised to its jobs as success."""
 
 # Errors that describe the disk or the file rather than the caller's logic: these are wrapped
 # even when a caller's job function raised them.
@@ -89,6 +106,16 @@ class EngineStatistics:
     faults_seen: int = 0
 
 
+@dataclass(frozen=True)
+class _TransactionRecord:
+    """What one transaction of a batch did, for the trace (recorded on the trio side)."""
+
+    number: int
+    jobs: int
+    committed: bool
+    error: str = ""
+
+
 @dataclass(eq=False)
 class _WriteJob:
     function: Callable[[apsw.Connection], Any]
@@ -102,17 +129,22 @@ class Engine:
 
     def __init__(self, env: Any, path: str, *, connection_setup: Sequence[Callable],
                  readers_max: int, synchronous: str, queue_jobs_max: int,
-                 batch_jobs_max: int, checkpoint_frames: int) -> None:
+                 batch_jobs_max: int, checkpoint_frames: int, tracer: Any = None) -> None:
         if not 1 <= readers_max <= readers_max_limit:
             raise ValueError(f"readers_max must be in 1..{readers_max_limit}")
-        if synchronous not in synchronous_modes:
-            raise ValueError(f"synchronous must be one of {synchronous_modes}")
         if not 1 <= batch_jobs_max <= queue_jobs_max:
             raise ValueError("need 1 <= write_batch_jobs_max <= write_queue_jobs_max")
         self.path = path
         self._env = env
         self._executor = env.executor
         self._vfs_name: str | None = env.storage.vfs_name
+        self._fault_plan = fault_plan_for(self._vfs_name)
+        self._tracer = tracer
+        planted_bugs = frozenset(getattr(env, "planted_bugs", frozenset()))
+        self._ack_failed_commit = "ack_failed_commit" in planted_bugs
+        if "weak_durability" in planted_bugs:
+            # PLANTED BUG (simulator tests only): no sync at all, whatever was asked.
+            synchronous = "OFF"
         self._connection_setup = tuple(connection_setup)
         self._readers_max = readers_max
         self._synchronous = synchronous
@@ -144,23 +176,29 @@ class Engine:
         connection_setup: Sequence[Callable[[apsw.Connection], None]] = (),
         readers_max: int = 4,
         nursery: trio.Nursery | None = None,
-        synchronous: str = "NORMAL",
+        synchronous: str = synchronous_default,
         write_queue_jobs_max: int = write_queue_jobs_max,
         write_batch_jobs_max: int = write_batch_jobs_max,
         wal_checkpoint_frames: int = wal_checkpoint_frames_default,
+        tracer: Any = None,
     ) -> Engine:
         """Open (creating if needed) ``env.storage.data_dir/name``, migrate, start the writer.
 
         ``migrations`` come after the core ones, in list order by component.  Each function in
         ``connection_setup`` runs on every connection the engine opens, before migrations.
         The writer checkpoints the WAL after a batch once it holds ``wal_checkpoint_frames``.
+        ``synchronous`` is one of ``synchronous_modes``; with a ``tracer``
+        (``troupe.runtime.Tracer``) every transaction is a ``commit``/``commit_failed`` event.
         """
+        if synchronous not in synchronous_modes:
+            raise ValueError(f"synchronous must be one of {synchronous_modes}")
         os.makedirs(env.storage.data_dir, exist_ok=True)
         engine = cls(
             env, os.path.join(env.storage.data_dir, name),
             connection_setup=connection_setup, readers_max=readers_max,
             synchronous=synchronous, queue_jobs_max=write_queue_jobs_max,
             batch_jobs_max=write_batch_jobs_max, checkpoint_frames=wal_checkpoint_frames,
+            tracer=tracer,
         )
         applied_at = env.clock.wall()
         await env.executor.run_sync(
@@ -238,10 +276,14 @@ class Engine:
 
         Uncommitted work is rolled back (connections close without commit and without the
         checkpoint a clean close does, so the WAL is left for recovery exactly as after a real
-        crash), and every job not yet acknowledged fails with ``StorageCrashed``.  With the
-        inline executor no batch can be half-run when this is called, so a fresh
-        ``Engine.open`` sees exactly the acknowledged writes.  With a thread executor a batch in
-        flight is rolled back before COMMIT if it has not reached it yet.
+        crash), and every job not yet acknowledged fails with ``StorageCrashed``: nothing is
+        acknowledged after this call, even by a batch that goes on to commit.  It may be
+        called from inside a running batch (the fault VFS calls the simulator's crash from
+        inside SQLite): the batch then runs no further job, and the write connection it holds
+        is abandoned when the batch returns.  With the inline executor and no crash from
+        inside a batch, a fresh ``Engine.open`` sees exactly the acknowledged writes; a crash
+        inside COMMIT or with a thread executor may leave a committed, unacknowledged batch
+        (acknowledged ⊆ recovered ⊆ acknowledged ∪ in flight).
         """
         if self._crashed:
             return
@@ -333,14 +375,16 @@ class Engine:
     async def _run_batch(self, batch: list[_WriteJob]) -> None:
         started = self._env.clock.monotonic()
         self._writing = True
+        transactions: list[_TransactionRecord] = []
         try:
-            results = await self._executor.run_sync(self._run_batch_sync, batch)
+            results = await self._executor.run_sync(self._run_batch_sync, batch, transactions)
         except Exception as exc:
             # Our own bug or an executor failure: no job may be left hanging.
             results = [outcome.Error(StorageError(f"storage batch failed: {exc!r}"))
                        for _ in batch]
         finally:
             self._writing = False
+        self._trace_transactions(transactions)
         elapsed = self._env.clock.monotonic() - started
         statistics = self._statistics
         statistics.commit_seconds_last = elapsed
@@ -353,13 +397,31 @@ class Engine:
         for job, result in zip(batch, results, strict=True):
             self._finish(job, result)
 
-    def _run_batch_sync(self, batch: list[_WriteJob]) -> list[outcome.Outcome]:
+    def _trace_transactions(self, transactions: list[_TransactionRecord]) -> None:
+        if self._tracer is None:
+            return
+        for transaction in transactions:
+            if transaction.committed:
+                self._tracer.record("commit", "storage", "", batch=transaction.number,
+                                    jobs=transaction.jobs)
+            else:
+                self._tracer.record("commit_failed", "storage", "", batch=transaction.number,
+                                    jobs=transaction.jobs, error=transaction.error)
+
+    def _run_batch_sync(self, batch: list[_WriteJob],
+                        transactions: list[_TransactionRecord]) -> list[outcome.Outcome]:
         """Runs in the executor: as many transactions as needed to give every job an outcome
-        (normally one; more only when an I/O failure ended a transaction midway)."""
+        (normally one; more only when an I/O failure ended a transaction midway).  Appends
+        what each transaction did to ``transactions`` for the trio side to trace."""
         results: list[outcome.Outcome | None] = [None] * len(batch)
         index = 0
         while index < len(batch):
-            index = self._run_transaction(batch, index, results)
+            if self._crashed:
+                # The process is dead (crash() may have come from inside this very batch).
+                for rest in range(index, len(batch)):
+                    results[rest] = outcome.Error(StorageCrashed("the storage engine crashed"))
+                break
+            index = self._run_transaction(batch, index, results, transactions)
         self._checkpoint_if_due()
         assert all(result is not None for result in results)
         return results  # type: ignore[return-value]
@@ -382,21 +444,30 @@ class Engine:
         self._wal_frames = 0
 
     def _run_transaction(self, batch: list[_WriteJob], start: int,
-                         results: list[outcome.Outcome | None]) -> int:
+                         results: list[outcome.Outcome | None],
+                         transactions: list[_TransactionRecord]) -> int:
         """Run jobs from ``start`` in one transaction; return the index of the first job not
         run (the whole batch unless the transaction was aborted)."""
+        self._statistics.transactions += 1
+        number = self._statistics.transactions
         try:
             connection = self._usable_write_connection()
-            self._statistics.transactions += 1
             connection.execute("BEGIN IMMEDIATE")
         except (apsw.Error, StorageError) as exc:
             for index in range(start, len(batch)):
                 results[index] = outcome.Error(self._storage_error(exc))
+            transactions.append(_TransactionRecord(number, 0, False, type(exc).__name__))
             return len(batch)
         provisional: list[tuple[int, Any]] = []
         aborted: BaseException | None = None
         index = start
         while index < len(batch) and aborted is None:
+            if index > start and self._fault_plan is not None:
+                # Lets the simulator's process death land between two jobs of a batch.
+                self._fault_plan.job_boundary()
+            if self._crashed:
+                aborted = StorageCrashed("the storage engine crashed before commit")
+                break
             job = batch[index]
             if job.abandoned:
                 results[index] = outcome.Error(StorageClosed("the caller went away"))
@@ -409,13 +480,23 @@ class Engine:
             try:
                 connection.execute("COMMIT")
             except apsw.Error as exc:
+                if self._ack_failed_commit and not self._crashed:
+                    # PLANTED BUG (simulator tests only): the failed COMMIT is acknowledged.
+                    self._rollback(connection)
+                    transactions.append(_TransactionRecord(number, len(provisional), True))
+                    for position, value in provisional:
+                        results[position] = outcome.Value(value)
+                    return index
                 aborted = exc
         if aborted is not None:
             self._rollback(connection)
             for position, _ in provisional:
                 results[position] = outcome.Error(self._aborted_error(aborted))
+            transactions.append(_TransactionRecord(number, len(provisional), False,
+                                                   type(aborted).__name__))
             return index
         self._statistics.commits += 1
+        transactions.append(_TransactionRecord(number, len(provisional), True))
         for position, value in provisional:
             results[position] = outcome.Value(value)
         return index
