@@ -167,6 +167,7 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
         random=random_module.Random(config.seed * 7919 + 1),
         io_error_probability=settings.io_error_probability if "io" in settings.armed else 0.0,
         disk_full_probability=settings.disk_full_probability if "disk_full" in settings.armed else 0.0,
+        read_faults="io" in settings.armed and settings.read_faults,
         enabled=False,
     )
     vfs_name = f"troupe-sim-{config.seed}-{os.getpid()}"
@@ -175,6 +176,8 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
     env.planted_bugs = config.planted_bugs
     env.extras["planted_bugs"] = config.planted_bugs
     tracer = Tracer(time_source=trio.current_time, keep_in_memory=True, sink=sink)
+    fault_plan.observer = lambda fault, operation: tracer.record("fault", "storage", "", point=fault,
+                                                                 operation=operation)
     fault_points = None
     if settings.fault_point_rates:
         from ._fault_points import SeededFaultPoints

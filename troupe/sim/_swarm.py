@@ -37,6 +37,8 @@ clock_jump_seconds_max = 3600.0
 graceful_restart_share = 0.2
 """Share of process lifetimes that end in a clean shutdown and restart instead of a crash,
 when crashes are armed: recovery from a clean close is a path of its own."""
+read_faults_share = 0.3
+"""Share of swarm seeds whose I/O errors also strike reads."""
 swarm_arm_probability = 0.65
 """Chance that an allowed fault kind is armed in a swarm seed."""
 
@@ -50,6 +52,8 @@ class FaultSettings:
     io_error_probability: float = io_error_probability_default
     disk_full_probability: float = disk_full_probability_default
     clock_jump_interval_seconds: float = clock_jump_interval_seconds_default
+    read_faults: bool = False
+    """Whether I/O errors also hit reads (the reminder service's and recovery's read paths)."""
     fault_point_rates: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -86,6 +90,7 @@ def choose_fault_settings(allowed: frozenset[str], swarm: bool, decisions: rando
         io_error_probability=_log_uniform(decisions, io_error_probability_range),
         disk_full_probability=_log_uniform(decisions, disk_full_probability_range),
         clock_jump_interval_seconds=_log_uniform(decisions, clock_jump_interval_seconds_range),
+        read_faults=decisions.random() < read_faults_share,
     )
     if "power_loss" not in armed:
         settings.power_loss_share = 0.0

@@ -92,6 +92,9 @@ class FaultPlan:
     crashed: bool = False
     crashes_injected: int = 0
     crash_operation: str = ""
+    observer: Callable[[str, str], None] | None = None
+    """Told ``(fault, operation)`` before an injected fault is raised: the simulator records
+    each one in its trace, so a violation can be matched to the fault that caused it."""
     _crash_at_operation: int | None = field(default=None, init=False, repr=False)
     _on_crash: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
@@ -133,9 +136,11 @@ class FaultPlan:
         full_threshold = self.disk_full_probability if may_be_full else 0.0
         if draw < full_threshold:
             self.disk_full_injected += 1
+            self._observe("disk_full", operation)
             raise apsw.FullError(f"injected disk full on {operation}")
         if draw < full_threshold + self.io_error_probability:
             self.io_errors_injected += 1
+            self._observe("io_error", operation)
             raise apsw.IOError(f"injected I/O error on {operation}")
 
     def consult_read(self) -> None:
@@ -150,7 +155,12 @@ class FaultPlan:
         source = self.random
         if source.random() < self.io_error_probability:
             self.io_errors_injected += 1
+            self._observe("io_error", operation)
             raise apsw.IOError(f"injected I/O error on {operation}")
+
+    def _observe(self, fault: str, operation: str) -> None:
+        if self.observer is not None:
+            self.observer(fault, operation)
 
     def job_boundary(self) -> None:
         """The engine is between two jobs of a batch: counts as an operation, so a crash can
