@@ -11,9 +11,8 @@ import httpx
 import trio
 
 from tests.http._harness import start_hypercorn
-from troupe.actors.host import entry_actor_kind, host_migrations
-from troupe.auth import TokenScope, auth_migrations, new_token_secret, token_create, token_revoke
-from troupe.http.host import HostAppDependencies, create_host_app
+from troupe.auth import TokenScope, new_token_secret, token_create, token_revoke
+from troupe.http.host import HostAppDependencies, create_host_app, host_surface
 from troupe.runtime import ActorSystem, real_env
 from troupe.storage import Engine
 
@@ -82,8 +81,8 @@ async def start_host_server(nursery: trio.Nursery, data_dir: str, **app_options:
     env = real_env(data_dir)
     clock = MovableClock(env.clock)
     env.clock = clock
-    engine = await Engine.open(env, nursery=nursery, migrations=[*auth_migrations, *host_migrations])
-    system = ActorSystem(env, [entry_actor_kind()], storage=engine)
+    engine = await Engine.open(env, nursery=nursery, migrations=list(host_surface.migrations))
+    system = ActorSystem(env, list(host_surface.actor_kinds), storage=engine)
     await nursery.start(system.run)
     server = HostServer(env, engine, system, 0, clock)
     dependencies = HostAppDependencies(

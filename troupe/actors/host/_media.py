@@ -2,9 +2,10 @@
 
 A message's ``media_ids`` are checked inside the entry actor's write transaction (so an upload
 and its authorisation record are seen exactly as committed, and a refused reference rolls the
-whole batch back).  Until ``POST /media`` exists no object can be referenced, so the default
-resolver refuses every id; the media work replaces it with one that reads its tables and checks
-that the token may reach the upload's entry as well as the message's.
+whole batch back).  ``HostMedia`` (the default, ``host_media``) accepts an id only when it
+names a live host upload with its ``media_uploaded`` authorisation record whose entry the
+token may reach; the message's own entry was already scope-checked by the gate.  ``NoMedia``
+refuses everything (for tests of the entry actor alone).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from troupe.auth import TokenGrant
+
+from ._media_store import media_ids_refused
 
 
 class MediaResolver(Protocol):
@@ -39,4 +42,17 @@ class NoMedia:
 
 no_media = NoMedia()
 
-__all__ = ["MediaResolver", "NoMedia", "no_media"]
+
+class HostMedia:
+    """The real check: see the module docstring and ``require_host_media``."""
+
+    def refused_positions(
+        self, connection: Any, grant: TokenGrant, entry_id: str, media_ids: Sequence[str]
+    ) -> list[int]:
+        del entry_id  # the gate checked the message's entry before the body was read
+        return media_ids_refused(connection, grant.scope.allows, media_ids)
+
+
+host_media = HostMedia()
+
+__all__ = ["HostMedia", "MediaResolver", "NoMedia", "host_media", "no_media"]

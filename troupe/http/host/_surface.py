@@ -13,7 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from troupe.actors.host import entry_actor_kind, host_migrations
+from troupe.actors.host import (
+    entry_actor_kind,
+    host_migrations,
+    learner_actor_kind,
+    media_actor_kind,
+    state_actor_kind,
+)
 from troupe.auth import auth_migrations
 from troupe.http import ASGIApp
 from troupe.server import ListenAddress, Surface, SurfaceContext
@@ -49,7 +55,7 @@ host_surface = Surface(
     "host",
     host_listen_default,
     _create,
-    actor_kinds=(entry_actor_kind(),),
+    actor_kinds=(entry_actor_kind(), media_actor_kind(), state_actor_kind(), learner_actor_kind()),
     migrations=(*auth_migrations, *host_migrations),
 )
 
