@@ -11,9 +11,17 @@ The reply is sent only after the commit: an acknowledged message is a durable me
 Domain rejections (unknown media, storage unavailable) are replies, not exceptions: an
 exception in a turn is a crash and would restart the actor for the client's mistake.
 
-Extension points for later work: ``EntryActor.entry`` holds the entry's row (pace included)
-once loaded; the learning work adds messages and reminders to this actor (batching by pace on
-``received_at``), and ``media`` is the ``MediaResolver`` for ``media_ids``.
+Pace batching happens in the same transaction as the intake: once the entry has ``count``
+pending messages they become a learning batch at once; otherwise the durable ``pace`` reminder
+is (re)written, due at the earlier of the newest message's receive time + ``idle_seconds`` and
+the oldest's + ``max_wait_seconds``, and when it fires the pending set becomes a batch.
+``LearnNow`` (``POST /learn``) closes the pending set now.  Closing a batch writes its learner's
+``claim`` reminder in that same transaction (``_batches.close_batch``), so a batch is never
+closed without a learner being due to run it, across crashes and restarts.  Reminders written
+inside a job are announced to the scheduler after the commit (``reminder_armed`` /
+``reminders.arm``).
+
+``media`` is the ``MediaResolver`` for ``media_ids``.
 """
 
 from __future__ import annotations
@@ -28,7 +36,22 @@ from troupe.auth import TokenGrant
 from troupe.runtime import Actor, ActorContext, ActorKind
 from troupe.storage import StorageError
 
-from ._media import MediaResolver, no_media
+from ._batches import (
+    ClosedBatch,
+    claim_reminder_name,
+    clear_pace_reminder,
+    close_batch,
+    learner_kind_name,
+    model_state,
+    pace_reminder_name,
+    pending_summary,
+    set_pace_reminder,
+    trigger_count,
+    trigger_idle,
+    trigger_learn,
+    trigger_max_wait,
+)
+from ._media import MediaResolver, host_media
 from ._pace import Pace, named_paces, pace_name_default
 from ._schema import learning_state_pending, learning_states_unlearned
 
@@ -100,6 +123,28 @@ class StorageUnavailable:
 
 
 @dataclass(frozen=True)
+class LearnNow:
+    """Close the entry's pending messages into a batch now (``POST /learn``)."""
+
+
+@dataclass(frozen=True)
+class LearnAccepted:
+    pending_count: int
+    """The entry's pending + batched messages after closing (as for messages)."""
+    paused: bool
+    """The model is paused: the batch waits and is learned once it is back."""
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class PaceOutcome:
+    """What a pace evaluation wrote: a closed batch, or the ``pace`` reminder's due time."""
+
+    closed: ClosedBatch | None = None
+    pace_due: float | None = None
+
+
+@dataclass(frozen=True)
 class EntryRecord:
     entry_id: str
     name: str | None
@@ -120,7 +165,7 @@ class _Refused(Exception):
 class EntryActor(Actor):
     """See the module docstring."""
 
-    def __init__(self, context: ActorContext, *, media: MediaResolver = no_media) -> None:
+    def __init__(self, context: ActorContext, *, media: MediaResolver = host_media) -> None:
         super().__init__(context)
         self.media = media
         self.entry: EntryRecord | None = None
@@ -132,23 +177,71 @@ class EntryActor(Actor):
     async def receive(self, message: Any) -> Any:
         if isinstance(message, AcceptMessages):
             return await self._accept(message)
+        if isinstance(message, LearnNow):
+            return await self._learn_now()
         raise AssertionError(f"entry actor got an unknown message {type(message).__name__}")
+
+    async def on_reminder(self, name: str, payload: Any) -> None:
+        if name != pace_reminder_name or self.entry is None:
+            return
+        kind, entry_id, pace = self.context.kind, self.context.key, self.entry.pace
+        now = self.context.env.clock.wall()
+        fired_due = payload.get("due") if isinstance(payload, dict) else None
+        outcome = await self.context.storage.write(
+            lambda connection: apply_pace(connection, kind, entry_id, pace, now, fired_due=fired_due)
+        )
+        self._announce(outcome, now)
+
+    async def _learn_now(self) -> Any:
+        kind, entry_id = self.context.kind, self.context.key
+        now = self.context.env.clock.wall()
+
+        def job(connection: apsw.Connection) -> tuple[LearnAccepted, ClosedBatch | None]:
+            closed = close_batch(connection, entry_id, trigger_learn, now)
+            if closed is not None:
+                clear_pace_reminder(connection, kind, entry_id)
+            state = model_state(connection)
+            paused = bool(state.get("paused"))
+            reason = state.get("reason") if paused else None
+            return LearnAccepted(pending_count(connection, entry_id), paused, reason), closed
+
+        try:
+            accepted, closed = await self.context.storage.write(job)
+        except StorageError as exc:
+            return StorageUnavailable(type(exc).__name__)
+        self._announce(PaceOutcome(closed), now)
+        return accepted
+
+    def _announce(self, outcome: PaceOutcome, now: float) -> None:
+        """Tell the scheduler about the reminders a committed job wrote."""
+        if outcome.closed is not None:
+            self.context.trace("batch_closed", batch=outcome.closed.batch_id, count=outcome.closed.message_count)
+            self.context.system.reminders.arm(learner_kind_name, outcome.closed.learner_key, claim_reminder_name, now)
+        if outcome.pace_due is not None:
+            self.context.reminder_armed(pace_reminder_name, outcome.pace_due)
 
     async def _accept(self, command: AcceptMessages) -> Any:
         entry_id = self.context.key
         received_at = self.context.env.clock.wall()
         media = self.media
 
-        def job(connection: apsw.Connection) -> tuple[MessagesAccepted, EntryRecord]:
-            return accept_messages(connection, entry_id, command, received_at, media)
+        kind = self.context.kind
+
+        def job(connection: apsw.Connection) -> tuple[MessagesAccepted, EntryRecord, PaceOutcome]:
+            accepted, entry = accept_messages(connection, entry_id, command, received_at, media)
+            outcome = apply_pace(connection, kind, entry_id, entry.pace, received_at)
+            if outcome.closed is not None:
+                accepted = MessagesAccepted(accepted.message_ids, pending_count(connection, entry_id))
+            return accepted, entry, outcome
 
         try:
-            accepted, entry = await self.context.storage.write(job)
+            accepted, entry, outcome = await self.context.storage.write(job)
         except _Refused as refused:
             return MediaRefused(tuple(refused.refusals))
         except StorageError as exc:
             return StorageUnavailable(type(exc).__name__)
         self.entry = entry
+        self._announce(outcome, received_at)
         self.context.trace("messages_accepted", count=len(accepted.message_ids))
         return accepted
 
@@ -206,7 +299,7 @@ def accept_messages(
     entry_id: str,
     command: AcceptMessages,
     received_at: float,
-    media: MediaResolver = no_media,
+    media: MediaResolver = host_media,
 ) -> tuple[MessagesAccepted, EntryRecord]:
     """The write job: all of the batch or (raising) none of it."""
     entry = load_entry(connection, entry_id) or _create_entry(connection, entry_id, command, received_at)
@@ -245,6 +338,37 @@ def accept_messages(
     return MessagesAccepted(tuple(message_ids), pending_count(connection, entry_id)), entry
 
 
+def apply_pace(
+    connection: apsw.Connection,
+    entry_kind: str,
+    entry_id: str,
+    pace: Pace,
+    now: float,
+    *,
+    fired_due: float | None = None,
+) -> PaceOutcome:
+    """Close the pending messages into a batch if the pace says so, else (re)write the
+    ``pace`` reminder.  ``fired_due`` is the due time of the ``pace`` reminder being handled:
+    the pending set it was computed for is due even if the wall clock reads a little earlier."""
+    summary = pending_summary(connection, entry_id)
+    if summary.count == 0:
+        clear_pace_reminder(connection, entry_kind, entry_id)
+        return PaceOutcome()
+    assert summary.oldest_received_at is not None and summary.newest_received_at is not None
+    idle_due = summary.newest_received_at + pace.idle_seconds
+    wait_due = summary.oldest_received_at + pace.max_wait_seconds
+    due = min(idle_due, wait_due)
+    if summary.count >= pace.count:
+        trigger = trigger_count
+    elif due <= now or (fired_due is not None and due <= fired_due):
+        trigger = trigger_max_wait if wait_due <= idle_due else trigger_idle
+    else:
+        set_pace_reminder(connection, entry_kind, entry_id, due)
+        return PaceOutcome(pace_due=due)
+    clear_pace_reminder(connection, entry_kind, entry_id)
+    return PaceOutcome(close_batch(connection, entry_id, trigger, now))
+
+
 def pending_count(connection: apsw.Connection, entry_id: str) -> int:
     """Messages of ``entry_id`` not yet learned (pending or in a batch)."""
     placeholders = ", ".join("?" for _ in learning_states_unlearned)
@@ -255,7 +379,7 @@ def pending_count(connection: apsw.Connection, entry_id: str) -> int:
     return int(row[0])
 
 
-def entry_actor_kind(*, media: MediaResolver = no_media) -> ActorKind:
+def entry_actor_kind(*, media: MediaResolver = host_media) -> ActorKind:
     """The ``entry`` kind, with the media resolver its actors check references with."""
     return ActorKind(
         entry_kind_name,
@@ -269,11 +393,15 @@ __all__ = [
     "AcceptMessages",
     "EntryActor",
     "EntryRecord",
+    "LearnAccepted",
+    "LearnNow",
     "MediaRefused",
     "MessagesAccepted",
     "NewMessage",
+    "PaceOutcome",
     "StorageUnavailable",
     "accept_messages",
+    "apply_pace",
     "entry_actor_kind",
     "entry_kind_name",
     "load_entry",

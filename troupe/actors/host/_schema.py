@@ -18,6 +18,11 @@ from __future__ import annotations
 
 from troupe.storage import Migration
 
+from ._learning_schema import learning_tables_sql
+from ._media_store import media_tables_sql
+from ._memories import memory_tables_sql, retrieval_migration
+from ._state import state_tables_sql
+
 host_component = "host"
 
 host_migrations: tuple[Migration, ...] = (
@@ -68,6 +73,15 @@ host_migrations: tuple[Migration, ...] = (
             CREATE INDEX host_message_media_by_media ON host_message_media (media_id);
         """,
     ),
+    # The retrieval tables (memory recall) and the host's memory, source and recall tables.
+    retrieval_migration,
+    Migration(component=host_component, number=2, name="memories_and_recalls", sql=memory_tables_sql),
+    # Learning batches and the model-call log (``_learning_schema``).
+    Migration(component=host_component, number=3, name="learning_batches", sql=learning_tables_sql),
+    # Uploaded media and their authorisation records (``_media_store``).
+    Migration(component=host_component, number=4, name="media", sql=media_tables_sql),
+    # The character's global state and its report history (``_state``).
+    Migration(component=host_component, number=5, name="state", sql=state_tables_sql),
 )
 
 learning_state_pending = "pending"

@@ -55,6 +55,10 @@ from ._errors import (
 from ._gate import HostGate, NoStore, admission_of
 from ._openapi import docs_page, openapi_document
 from ._routes import api_prefix
+from ._routes_learning import install_learning_routes
+from ._routes_media import install_media_routes
+from ._routes_recall import install_recall_routes
+from ._routes_state import install_state_routes
 from ._schemas import parse_message_batch
 
 ask_timeout_seconds = 60.0
@@ -200,6 +204,11 @@ def _install_routes(app: QuartTrio, dependencies: HostAppDependencies) -> None:
             raise HostError(503, code_unavailable, retry_after_seconds=retry_after_seconds_unknown)
         assert isinstance(reply, MessagesAccepted)
         return _json({"message_ids": list(reply.message_ids), "pending_count": reply.pending_count})
+
+    install_media_routes(app, dependencies)
+    install_state_routes(app, dependencies)
+    install_recall_routes(app, dependencies)
+    install_learning_routes(app, dependencies)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

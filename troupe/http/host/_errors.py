@@ -17,10 +17,15 @@ Codes, by status:
 400   ``bad_host``           the Host header is not allowed on this listener
 400   ``invalid_request``    malformed JSON, a field or an entry id that breaks the rules
 400   ``method_not_allowed`` the path exists but not with this method (``Allow`` is set)
+400   ``recall_expired``     feedback on a recall older than 24 hours
+400   ``memory_not_in_recall`` feedback names a memory this recall did not return
 401   ``unauthorized``       missing, unknown, revoked or no-longer-valid token
 403   ``entry_forbidden``    the token's scope does not include the entry
+403   ``recall_forbidden``   feedback on a recall another token made
 404   ``not_found``          no such route or object
 404   ``media_not_found``    a ``media_ids`` reference is unknown or not referenceable
+404   ``recall_not_found``   feedback on an unknown recall id
+404   ``memory_not_found``   feedback names a memory that has been deleted
 413   ``payload_too_large``  the body, or one message's content, is over its byte limit
 429   ``rate_limited``       the token's rate bucket is empty
 500   ``internal_error``     our bug; nothing about it is shown

@@ -95,7 +95,17 @@ def _paths() -> dict[str, Any]:
         "schema": {"type": "string", "minLength": 1, "maxLength": 200},
     }
     message = {"$ref": _ref.format(model="Message")}
+    # Imported here: those modules import ``_operation`` from this one.
+    from ._routes_learning import learning_openapi_paths
+    from ._routes_media import media_openapi_paths
+    from ._routes_recall import recall_openapi_paths
+    from ._routes_state import state_openapi_paths
+
     return {
+        **media_openapi_paths(),
+        **state_openapi_paths(),
+        **recall_openapi_paths(),
+        **learning_openapi_paths(),
         f"{api_prefix}/entries/{{entry_id}}/messages": {
             "parameters": [entry_parameter],
             "post": _operation(
