@@ -44,7 +44,7 @@ fire only a few dozen times in a run, so ``timer_late`` is drawn high."""
 
 fault_point_delay_seconds_max: dict[str, float] = {
     "turn_overruns": 1.0,
-    "timer_late": 2.0,
+    "timer_late": 0.5,
     "reminder_late": 10.0,
 }
 """How late a late timer/reminder is at most, and how far past its doubled timeout an

@@ -94,6 +94,9 @@ class SimulationResult:
     runtime_faults: dict[str, int] = field(default_factory=dict)
     faults_armed: list[str] = field(default_factory=list)
     event_counts: dict[str, int] = field(default_factory=dict)
+    undecided_keys: int = 0
+    """Keys whose history the linearizability checker gave up on (too many configurations):
+    checked for nothing, never reported as a violation."""
     violations: list[Violation] = field(default_factory=list)
     trace_sha256: str = ""
     simulated_seconds: float = 0.0
@@ -117,6 +120,7 @@ class SimulationResult:
             "runtime_faults": dict(sorted(self.runtime_faults.items())),
             "faults_armed": sorted(self.faults_armed),
             "event_counts": dict(sorted(self.event_counts.items())),
+            "undecided_keys": self.undecided_keys,
             "trace_sha256": self.trace_sha256,
             "simulated_seconds": round(self.simulated_seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3),
@@ -217,6 +221,7 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
     result.faults_injected = (result.process_crashes + result.io_errors + result.disk_full
                               + result.clock_jumps + sum(result.runtime_faults.values()))
     result.event_counts = dict(tracer.counts)
+    result.undecided_keys = sum(getattr(workload, "undecided_keys", 0) for workload in workloads)
     result.actor_crashes = tracer.counts.get("crash", 0)
     result.actor_restarts = tracer.counts.get("restart", 0)
     result.trace_sha256 = tracer.sha256()

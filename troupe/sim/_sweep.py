@@ -51,6 +51,7 @@ counter_names = (
     "io_errors",
     "disk_full",
     "clock_jumps",
+    "undecided_keys",
 )
 """The per-seed counters a sweep adds up (see ``SimulationResult``)."""
 
