@@ -2,10 +2,12 @@
 
 It is a raw ASGI app served by ``hypercorn.trio.serve`` inside the test's own nursery, so the
 provider code is exercised over a real socket (connection handling, SSE framing, timeouts)
-without a network.  It implements ``POST /v1/chat/completions`` (plain, tool calls, streaming)
-and ``POST /v1/embeddings``, and can be scripted: fail the next N requests with a status (and a
-``Retry-After``), delay or hang the next N, send the next reply as tool calls, hang a stream mid-way,
-report more usage than was asked for.
+without a network.  It implements ``POST /v1/chat/completions`` (plain, tool calls, streaming,
+and image input: a user message whose content holds an ``image_url`` data URI) and
+``POST /v1/embeddings``, and can be scripted: fail the next N requests with a status (and a
+``Retry-After`` or a body), delay or hang the next N, send the next reply as tool calls, hang a
+stream mid-way, report more usage than was asked for, refuse (``content_filter`` finish or a
+``refusal`` message, or a 400 content-filter error with ``fail_next(..., body=content_filter_body)``).
 
 Usage::
 
@@ -15,12 +17,13 @@ Usage::
         ...
         server.requests  # what arrived, in order
 
-Replies are deterministic: a chat reply echoes the last user message (``"echo: <text>"``);
-an embedding is derived from the SHA-256 of the input text (not normalised, on purpose).
+Replies are deterministic: a chat reply echoes the last user message (``"echo: <text>"``); an
+image request is answered with ``image_description(content_type, data)``; an embedding is derived from the SHA-256 of the input text (not normalised, on purpose).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections import deque
@@ -35,6 +38,14 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 hang_seconds_default = 3_600.0
+content_filter_body = json.dumps({
+    "error": {
+        "message": "The response was filtered due to the prompt triggering content management policy.",
+        "type": "invalid_request_error",
+        "code": "content_filter",
+    }
+})
+"""What Azure OpenAI answers (HTTP 400) when its content filter refuses the input."""
 
 
 @dataclass
@@ -62,6 +73,8 @@ class ScriptedReply:
     stream_hang_after_events: int | None = None
     # Streaming only: send an error event after the first content event.
     stream_error: bool = False
+    # Non-streaming only: the message's ``refusal`` field (OpenAI's explicit refusal).
+    refusal: str | None = None
 
 
 class OpenAICompatibleServer:
@@ -75,8 +88,13 @@ class OpenAICompatibleServer:
 
     # Scripting -----------------------------------------------------------------------------
 
-    def fail_next(self, count: int, *, status: int = 500, retry_after: str | None = None) -> None:
-        self._faults.extend(Fault(status=status, retry_after=retry_after) for _ in range(count))
+    def fail_next(
+        self, count: int, *, status: int = 500, retry_after: str | None = None, body: str | None = None
+    ) -> None:
+        options = {"body": body} if body is not None else {}
+        self._faults.extend(
+            Fault(status=status, retry_after=retry_after, **options) for _ in range(count)
+        )
 
     def hang_next(self, count: int, *, seconds: float = hang_seconds_default) -> None:
         """Delay the next ``count`` answers by ``seconds`` (a hang, by default an hour)."""
@@ -87,6 +105,10 @@ class OpenAICompatibleServer:
 
     def paths(self) -> list[str]:
         return [request.path for request in self.requests]
+
+    def images(self) -> list[tuple[str, bytes]]:
+        """``(content_type, bytes)`` of every image that arrived, in order."""
+        return [image for request in self.requests for image in _images_in(request.body)]
 
     # ASGI ----------------------------------------------------------------------------------
 
@@ -129,6 +151,9 @@ class OpenAICompatibleServer:
     def _reply_for(self, body: dict[str, Any]) -> ScriptedReply:
         if self._replies:
             return self._replies.popleft()
+        images = _images_in(body)
+        if images:
+            return ScriptedReply(text=image_description(*images[0]))
         if body.get("response_format", {}).get("type") == "json_object":
             return ScriptedReply(text='{"echo": true}')
         last_user = next(
@@ -155,6 +180,8 @@ class OpenAICompatibleServer:
             await self._chat_stream(send, body, reply, finish_reason, usage)
             return
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.refusal is not None:
+            message["refusal"] = reply.refusal
         if reply.tool_calls:
             message["tool_calls"] = [
                 {
@@ -275,6 +302,27 @@ def _stream_events(
             "usage": usage,
         }
     yield "[DONE]"
+
+
+def image_description(content_type: str, data: bytes) -> str:
+    """The server's deterministic answer to an image request."""
+    return f"一张 {content_type} 图片，{len(data)} 字节，指纹 {hashlib.sha256(data).hexdigest()[:8]}"
+
+
+def _images_in(body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The images of a chat request: ``image_url`` parts holding base64 ``data:`` URIs."""
+    found = []
+    for message in body.get("messages") or ():
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if part.get("type") != "image_url":
+                continue
+            head, _, payload = part["image_url"]["url"].partition(",")
+            assert head.startswith("data:") and head.endswith(";base64"), head
+            found.append((head[5:-7], base64.b64decode(payload, validate=True)))
+    return found
 
 
 def _vector(text: str, dimensions: int) -> list[float]:

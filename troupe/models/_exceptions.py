@@ -15,6 +15,8 @@ Hierarchy::
     │                               retries ran out
     ├── ModelBudgetExceeded         the per-call budget (total seconds, output tokens) ran out
     ├── ModelResponseInvalid        the provider answered 2xx with something we cannot parse
+    ├── ModelRefused                the provider explicitly refused on content-safety grounds
+    │                               (a content filter or policy violation): never retried
     └── ProviderError(status, body) the provider answered with an HTTP error status
 
 ``ProviderError.retryable`` tells whether the status is one we retry (408, 409, 429, 5xx); when
@@ -49,6 +51,15 @@ class ModelBudgetExceeded(ModelError):
 
 class ModelResponseInvalid(ModelError):
     """A successful HTTP answer whose body does not have the expected shape."""
+
+
+class ModelRefused(ModelError):
+    """The provider refused the input or output on content-safety grounds.
+
+    Distinct from ``ProviderError`` because the caller's answer differs: a refusal is final
+    (the contract's "敏感信息无法访问"), it is not retried and not tried another way, while an
+    error may succeed later.  ``RetryPolicy`` does not retry it (it is neither unavailable, a
+    timeout nor a retryable status)."""
 
 
 class ProviderError(ModelError):

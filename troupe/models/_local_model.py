@@ -17,6 +17,8 @@ What it trades off: it understands nothing.  It does exactly three things, liste
 
 It never calls tools (tools in a request are ignored and ``tool_calls`` is always empty), never
 converses: a text request that asks for neither facts nor a summary gets ``unsupported_reply``.
+It cannot see: it has no ``describe_image`` and does not list it, so callers that understand
+images (learning) use their fallback text (``[图片，未理解]``) rather than pretend.
 Callers check ``capabilities`` (e.g. ``"converse" not in model.capabilities``) rather than
 parse its output.  Token counts in ``usage`` are estimates (one per CJK character, one per
 word or punctuation mark).

@@ -2,8 +2,9 @@
 
 A narrow ``Protocol`` so that the embedded ``LocalModel``, the OpenAI-compatible provider and
 the simulator's scripted fakes are interchangeable behind ``Env.model``.  It trades provider
-features (logprobs, n > 1, vision) for a surface every backend can honour: one request in, one
-completion (or a stream of chunks) out.
+features (logprobs, n > 1) for a surface every backend can honour: one request in, one
+completion (or a stream of chunks) out.  Seeing images is an optional capability on top
+(``ImageDescriber`` in ``_images.py``), because most backends cannot.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ Most hosted and self-hosted LLM servers (OpenAI, vLLM, llama.cpp, Ollama, DeepSe
 DashScope compatible mode) speak this wire format, so one provider covers them.  What it trades
 off: only the common subset is used (messages, ``tools``/``tool_calls``, ``max_tokens``,
 ``temperature``, ``response_format: json_object``, SSE streaming with ``include_usage``);
-provider-specific extras are not reachable through the port.
+provider-specific extras are not reachable through the port.  Images go through
+``describe_image`` (see ``_images.py``): one image as a base64 ``image_url`` data URI, under the
+same retries, with a budget the caller passes; ``images=False`` (``TROUPE_MODEL_IMAGES=off``)
+drops the capability for providers whose models cannot see.
 
 Reliability is explicit: every attempt has ``request_timeout_seconds``; transient failures
 (connection errors, timeouts, 408/409/429/5xx) are retried at most ``retries_max`` times with
@@ -30,6 +33,14 @@ from ._exceptions import (
     ModelTimeout,
     ProviderError,
 )
+from ._images import (
+    capability_describe_image,
+    check_image,
+    description_from_wire,
+    image_description_tokens_max,
+    image_request_body,
+    refusal_of,
+)
 from ._messages import Completion, CompletionChunk, CompletionRequest, ToolCall, Usage
 from ._openai_http import OpenAIEndpoint
 from ._retry import (
@@ -48,6 +59,8 @@ if TYPE_CHECKING:
 environment_base_url = "TROUPE_MODEL_BASE_URL"
 environment_api_key = "TROUPE_MODEL_API_KEY"
 environment_model_name = "TROUPE_MODEL_NAME"
+environment_model_images = "TROUPE_MODEL_IMAGES"
+"""``off`` (or ``0``, ``false``, ``no``) when the configured model cannot see images."""
 # One SSE line longer than this is a broken server, not a long answer (answers come in deltas).
 stream_line_chars_max = 1_048_576
 stream_tool_calls_max = 128
@@ -71,10 +84,15 @@ class OpenAIChatModel:
         budget: CallBudget | None = None,
         clock: MonotonicClock | None = None,
         random: JitterSource | None = None,
+        images: bool = True,
     ) -> None:
         if not model:
             raise ModelConfigurationError("an OpenAI-compatible chat model needs a model name")
         self.name = model
+        self.capabilities = frozenset(
+            {"converse", "tool_calls", "json_object", "stream"}
+            | ({capability_describe_image} if images else set())
+        )
         self.policy = RetryPolicy(
             request_timeout_seconds=request_timeout_seconds,
             retries_max=retries_max,
@@ -119,6 +137,40 @@ class OpenAIChatModel:
         completion = _completion_from_wire(decoded)
         self._check_usage(completion.usage)
         return completion
+
+    async def describe_image(
+        self, image_bytes: bytes, content_type: str, *, budget_seconds: float
+    ) -> str:
+        """A short description of one image, within ``budget_seconds`` (all attempts and
+        retry sleeps, and never more than the model's own call budget).
+
+        Raises ``ModelRefused`` for a content-safety refusal (a ``content_filter`` finish, a
+        ``refusal`` message, or a 4xx whose error says so), never retried; other failures
+        are retried like ``complete()`` and raised as the usual ``ModelError`` subclasses.
+        """
+        if capability_describe_image not in self.capabilities:
+            raise ModelConfigurationError(f"model {self.name!r} is configured without images")
+        check_image(image_bytes, content_type, budget_seconds)
+        tokens_max = min(image_description_tokens_max, self.policy.budget.output_tokens_max)
+        body = image_request_body(self.name, image_bytes, content_type, max_tokens=tokens_max)
+        seconds = min(budget_seconds, self.policy.budget.total_seconds_max)
+        deadline = self._clock.monotonic() + seconds
+
+        async def attempt() -> dict[str, Any]:
+            try:
+                return await self._endpoint.post_json("/chat/completions", body)
+            except ProviderError as error:
+                refusal = refusal_of(error)
+                if refusal is not None:
+                    raise refusal from error
+                raise
+
+        decoded = await self.policy.run(
+            attempt, clock=self._clock, jitter=self._jitter, deadline=deadline
+        )
+        description = description_from_wire(decoded)
+        self._check_usage(_usage(decoded.get("usage")))
+        return description
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[CompletionChunk]:
         """Yield text deltas as they arrive, then one final chunk with the assembled tool
@@ -187,8 +239,8 @@ class OpenAIChatModel:
 
 
 def model_from_environment(environ: Mapping[str, str], **options: Any) -> OpenAIChatModel | None:
-    """An ``OpenAIChatModel`` configured from ``TROUPE_MODEL_BASE_URL``, ``TROUPE_MODEL_API_KEY``
-    and ``TROUPE_MODEL_NAME``; ``None`` when no base URL is set (callers then use
+    """An ``OpenAIChatModel`` configured from ``TROUPE_MODEL_BASE_URL``, ``TROUPE_MODEL_API_KEY``,
+    ``TROUPE_MODEL_NAME`` and ``TROUPE_MODEL_IMAGES``; ``None`` when no base URL is set (callers then use
     ``LocalModel``).  A base URL without a model name is a configuration error."""
     base_url = environ.get(environment_base_url, "").strip()
     if not base_url:
@@ -199,6 +251,9 @@ def model_from_environment(environ: Mapping[str, str], **options: Any) -> OpenAI
             f"{environment_base_url} is set but {environment_model_name} is not"
         )
     api_key = environ.get(environment_api_key, "").strip() or None
+    images = environ.get(environment_model_images, "").strip().lower()
+    if images:
+        options.setdefault("images", images not in ("off", "0", "false", "no"))
     return OpenAIChatModel(base_url, api_key, model, **options)
 
 

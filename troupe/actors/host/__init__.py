@@ -50,6 +50,7 @@ from ._entry import (
 from ._learning import (
     LearnerActor,
     image_placeholder,
+    image_refused_text,
     image_understanding_budget_seconds,
     learner_actor_kind,
     memories_from,
@@ -73,9 +74,12 @@ from ._media_store import (
     media_store_key,
     media_sweep_interval_seconds,
     media_types,
+    record_media_understanding,
     require_host_media,
     save_host_media,
     sweep_unreferenced_media,
+    understanding_source_host,
+    understanding_source_model,
     understanding_text_bytes_max,
 )
 from ._memories import (
@@ -175,6 +179,7 @@ __all__ = [
     "host_memory_indexes",
     "host_migrations",
     "image_placeholder",
+    "image_refused_text",
     "image_understanding_budget_seconds",
     "insert_memories",
     "is_unlearned",
@@ -211,6 +216,7 @@ __all__ = [
     "pace_max_wait_seconds_max",
     "pace_name_default",
     "pending_count",
+    "record_media_understanding",
     "require_host_media",
     "save_host_media",
     "state_actor_kind",
@@ -222,5 +228,7 @@ __all__ = [
     "state_stale_seconds",
     "store_memories",
     "sweep_unreferenced_media",
+    "understanding_source_host",
+    "understanding_source_model",
     "understanding_text_bytes_max",
 ]

@@ -10,10 +10,8 @@ to the same learner, so they are learned in order.
 
 One batch, step by step (``_run_batch``):
 1. claim it (``running``, attempts + 1);
-2. build the material: each message's sender, occurred time, text and quote; media as
-   placeholders (``[图片，未理解]`` / ``[音频]`` / ``[视频]``) unless the host or the model
-   understood them — images without the host's understanding are given to the model when it
-   supports images, all of them within ``image_understanding_budget_seconds`` per batch;
+2. understand the batch's images, then build the material: each message's sender, occurred
+   time, text and quote, and its media as text (``_understand_images``, below);
 3. ask the model (JSON mode) for memories, bounded by ``model_call_timeout_seconds``;
 4. store the memories and mark the batch ``succeeded`` (messages ``learned``) in one
    transaction (``store_memories``' ``in_transaction``).
@@ -25,6 +23,19 @@ the pause is recorded (``/learn`` and ``/status`` report it) and the learner tri
 ``abandoned`` with the error as its reason.  A completion that ends with ``content_filter`` is
 ``refused`` at once (never retried another way, as the contract asks).
 
+Images (the contract's media rules): an understanding already stored on the media object is
+reused as given (the host's, or one a model produced for an earlier batch); every other image
+of the batch is described by the model, each object once, when the model can see
+(``describes_images``), all of them within ONE ``image_understanding_budget_seconds`` per
+batch (each call gets what is left).  Each result is written back to the object durably
+(``record_media_understanding``) before the material is composed, so a retried or restarted
+batch does not pay for it again.  A failure (error, timeout, spent budget) reads
+``[图片，未理解]`` and records only ``last_error``, so a later batch may try again; an
+explicit content-safety refusal (``ModelRefused``) reads ``敏感信息无法访问``, is stored as
+the object's understanding and is never retried another way.  A model that cannot see (the
+LocalModel) leaves every image as ``[图片，未理解]`` without a call.  Audio and video stay
+attachments with placeholders (``[音频]``, ``[视频]``) and never reach a model.
+
 The LocalModel answers ``{"facts":[{"kind","text"}], "summary"}``; a richer model may answer
 ``{"memories":[{"content","kind","stance","lifecycle","belief","people","message_ids"}]}``.
 Both are read; a fact is attributed to the messages it came from by its ``[m<id>]`` tag or,
@@ -34,6 +45,7 @@ failing that, by its text.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,10 +60,12 @@ from troupe.models import (
     CompletionRequest,
     LocalModel,
     ModelError,
+    ModelRefused,
     ModelUnavailable,
+    describes_images,
 )
 from troupe.runtime import Actor, ActorContext, ActorKind
-from troupe.storage import reminder_set
+from troupe.storage import blob_get, reminder_set
 
 from ._batches import (
     ClaimedBatch,
@@ -69,10 +83,13 @@ from ._batches import (
     record_model_call,
     release_batch,
 )
+from ._media_store import load_media, record_media_understanding, understanding_text_bytes_max
 from ._memories import NewMemory
 
 image_understanding_budget_seconds = 120.0
 """The contract's budget for understanding a batch's images (all of them together)."""
+image_error_characters_max = 500
+"""``last_error`` written back to a media object (diagnostics, not the provider's essay)."""
 model_call_timeout_seconds = 120.0
 model_attempts_max = 3
 retry_backoff_seconds = 30.0
@@ -133,24 +150,6 @@ class MaterialMessage:
         return " ".join(part for part in parts if part)
 
 
-class ImageUnderstanding:
-    """Understands one image through the model, if the model supports images.
-
-    The Model port has no image input yet; a model that can see advertises ``"vision"`` in its
-    ``capabilities`` and an ``understand_image(data, content_type)`` coroutine.  Everything
-    else (LocalModel included) leaves images as placeholders."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    @property
-    def available(self) -> bool:
-        return "vision" in getattr(self.model, "capabilities", ()) and hasattr(self.model, "understand_image")
-
-    async def understand(self, data: bytes, content_type: str) -> str:
-        return str(await self.model.understand_image(data, content_type))
-
-
 MemoryStore = Callable[[Sequence[NewMemory], Callable[[apsw.Connection, list[int]], None]], Awaitable[list[int]]]
 """Stores memories and runs the callback in the same transaction; returns the memory ids."""
 
@@ -175,7 +174,6 @@ class LearnerActor(Actor):
         super().__init__(context)
         env = context.env
         self.model = env.model if env.model is not None else LocalModel()
-        self.images = ImageUnderstanding(self.model)
         self.memory_store = memory_store or host_memory_store(context.storage, env.embedder, env.clock.wall)
 
     async def on_activate(self) -> None:
@@ -279,34 +277,86 @@ class LearnerActor(Actor):
         self.context.trace("batch_finished", batch=batch.batch_id, state=state)
 
     async def _understand_images(self, material: list[MaterialMessage]) -> list[MaterialMessage]:
-        """Replaces the ``pending image`` markers: by the model within the batch's budget when it
-        can see, else the placeholder."""
-        if not any(_pending_image in message.media_texts for message in material):
+        """Replaces the pending-image markers (see the module docstring): each media object
+        once, by the model when it can see and the batch's budget lasts, else the placeholder."""
+        pending = list(dict.fromkeys(
+            media_id for message in material for text in message.media_texts
+            if (media_id := _pending_media_id(text)) is not None
+        ))
+        if not pending:
             return material
-        understood: dict[tuple[int, int], str] = {}
-        if self.images.available:
-            with trio.move_on_after(image_understanding_budget_seconds):
-                for message in material:
-                    for position, text in enumerate(message.media_texts):
-                        if text == _pending_image:
-                            understood[(message.id, position)] = await self._one_image(message.id, position)
-        return [
-            _replace_media(message, {
-                position: understood.get((message.id, position), image_placeholder)
-                for position, text in enumerate(message.media_texts) if text == _pending_image
-            })
-            for message in material
-        ]
+        texts = await self._describe_images(pending) if describes_images(self.model) else {}
+        return [_replace_pending(message, texts) for message in material]
 
-    async def _one_image(self, message_id: int, position: int) -> str:
-        image = await self.context.storage.read(lambda connection: _image_bytes(connection, message_id, position))
+    async def _describe_images(self, media_ids: Sequence[str]) -> dict[str, str]:
+        """The material text of each image understood within the batch's one budget; each
+        outcome is committed to its media object before the next image starts."""
+        clock = self.context.env.clock
+        deadline = clock.monotonic() + image_understanding_budget_seconds
+        texts: dict[str, str] = {}
+        for media_id in media_ids:
+            remaining_seconds = deadline - clock.monotonic()
+            if remaining_seconds <= 0:
+                break  # left as placeholders, unrecorded: nothing was tried
+            outcome: _ImageOutcome | None = None
+            # trio's own scope too: the model's clock is on trio's timeline, and a describer
+            # that ignores its budget must not hold the batch.
+            with trio.move_on_after(remaining_seconds):
+                outcome = await self._describe_one(media_id, remaining_seconds)
+            if outcome is None:
+                outcome = _ImageOutcome(None, "budget: the batch's image understanding budget ran out")
+            await self.context.storage.write(functools.partial(
+                _record_outcome, media_id=media_id, outcome=outcome, now=clock.wall()))
+            self.context.trace("image_understood", media=media_id, outcome=outcome.name)
+            if outcome.stored_text is not None:
+                texts[media_id] = _understood_text(outcome.stored_text)
+        return texts
+
+    async def _describe_one(self, media_id: str, budget_seconds: float) -> _ImageOutcome:
+        image = await self.context.storage.read(lambda connection: _image_bytes(connection, media_id))
         if image is None:
-            return image_placeholder
+            return _ImageOutcome(None, "missing: the stored file is gone")
+        data, content_type = image
         try:
-            text = (await self.images.understand(*image)).strip()
+            text = await self.model.describe_image(data, content_type, budget_seconds=budget_seconds)
+        except ModelRefused as refusal:
+            return _ImageOutcome(image_refused_text, _error_text(refusal))
         except ModelError as error:
-            return image_refused_text if "content_filter" in str(error) else image_placeholder
-        return f"[图片：{text}]" if text else image_placeholder
+            return _ImageOutcome(None, _error_text(error))
+        text = _clip_utf8(str(text).strip(), understanding_text_bytes_max)
+        if not text:
+            return _ImageOutcome(None, "empty: the model described nothing")
+        return _ImageOutcome(text, None)
+
+
+@dataclass(frozen=True)
+class _ImageOutcome:
+    """What one image came to: ``stored_text`` completes the media object (a description, or
+    the refusal text with ``error`` saying why); ``stored_text=None`` is a failure."""
+
+    stored_text: str | None
+    error: str | None
+
+    @property
+    def name(self) -> str:
+        if self.stored_text is None:
+            return "failed"
+        return "refused" if self.error else "described"
+
+
+def _record_outcome(connection: apsw.Connection, *, media_id: str, outcome: _ImageOutcome, now: float) -> None:
+    record_media_understanding(connection, media_id, text=outcome.stored_text, error=outcome.error, now=now)
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:image_error_characters_max]
+
+
+def _clip_utf8(text: str, bytes_max: int) -> str:
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= bytes_max:
+        return text
+    return encoded[:bytes_max].decode("utf-8", "ignore")
 
 
 def _finish_job(connection: apsw.Connection, batch: ClaimedBatch, state: str, result: dict, reason: str | None,
@@ -319,20 +369,24 @@ def _finish_job(connection: apsw.Connection, batch: ClaimedBatch, state: str, re
             model_state_put(connection, paused=False, reason=None, paused_since=None, last_success_at=now)
 
 
-_pending_image = "\x00image"
-"""Marker for an image still to be understood (never shown to the model)."""
+_pending_image_prefix = "\x00image:"
+"""Marks an image still to be understood, followed by its media id (never shown to a model)."""
 
 
-def _replace_media(message: MaterialMessage, replacements: dict[int, str]) -> MaterialMessage:
-    if not replacements:
+def _pending_media_id(text: str) -> str | None:
+    return text[len(_pending_image_prefix):] if text.startswith(_pending_image_prefix) else None
+
+
+def _replace_pending(message: MaterialMessage, texts: dict[str, str]) -> MaterialMessage:
+    """The message with each pending image as its understanding, or the placeholder."""
+    if not any(text.startswith(_pending_image_prefix) for text in message.media_texts):
         return message
-    texts = tuple(replacements.get(position, text) for position, text in enumerate(message.media_texts))
+    media_texts = tuple(
+        texts.get(media_id, image_placeholder) if (media_id := _pending_media_id(text)) is not None else text
+        for text in message.media_texts
+    )
     return MaterialMessage(message.id, message.sender, message.content, message.occurred_at,
-                           message.quote_author, message.quote_content, texts)
-
-
-def _table_columns(connection: apsw.Connection, table: str) -> set[str]:
-    return {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+                           message.quote_author, message.quote_content, media_texts)
 
 
 def load_material(connection: apsw.Connection, message_ids: Sequence[int]) -> list[MaterialMessage]:
@@ -352,50 +406,45 @@ def load_material(connection: apsw.Connection, message_ids: Sequence[int]) -> li
 
 
 def _media_texts(connection: apsw.Connection, message_ids: Sequence[int]) -> dict[int, list[str]]:
-    """Each message's media as text.  The media table (``host_media``, the media work) may not
-    exist; then every reference is an image/audio/video we know nothing about."""
-    columns = _table_columns(connection, "host_media")
+    """Each message's media as text, in position order."""
     texts: dict[int, list[str]] = {}
     for start in range(0, len(message_ids), 500):
         chunk = list(message_ids[start:start + 500])
         marks = ", ".join("?" for _ in chunk)
-        if {"id", "content_type", "understanding_text"} <= columns:
-            rows = connection.execute(
-                "SELECT r.message_id, m.content_type, m.understanding_text FROM host_message_media r "
-                f"LEFT JOIN host_media m ON m.id = r.media_id WHERE r.message_id IN ({marks}) "
-                "ORDER BY r.message_id, r.position", chunk,
-            )
-        else:
-            rows = connection.execute(
-                "SELECT message_id, NULL, NULL FROM host_message_media "
-                f"WHERE message_id IN ({marks}) ORDER BY message_id, position", chunk,
-            )
-        for message_id, content_type, understanding in rows:
-            texts.setdefault(message_id, []).append(_media_text(content_type, understanding))
+        rows = connection.execute(
+            "SELECT r.message_id, r.media_id, m.content_type, m.understanding_text FROM host_message_media r "
+            f"LEFT JOIN host_media m ON m.id = r.media_id WHERE r.message_id IN ({marks}) "
+            "ORDER BY r.message_id, r.position", chunk,
+        )
+        for message_id, media_id, content_type, understanding in rows:
+            texts.setdefault(message_id, []).append(_media_text(media_id, content_type, understanding))
     return texts
 
 
-def _media_text(content_type: str | None, understanding: str | None) -> str:
+def _media_text(media_id: str, content_type: str | None, understanding: str | None) -> str:
+    """Audio and video are placeholders whatever is stored; an image's stored understanding is
+    used as given; an image without one is pending (an unknown object is the placeholder)."""
     kind = (content_type or "image/").split("/", 1)[0]
     if kind == "audio":
         return audio_placeholder
     if kind == "video":
         return video_placeholder
     if understanding and understanding.strip():
-        return f"[图片：{understanding.strip()}]"
-    return _pending_image if content_type else image_placeholder
+        return _understood_text(understanding)
+    return _pending_image_prefix + media_id if content_type else image_placeholder
 
 
-def _image_bytes(connection: apsw.Connection, message_id: int, position: int) -> tuple[bytes, str] | None:
-    """The image's bytes and type, when the media table keeps them inline (else None)."""
-    columns = _table_columns(connection, "host_media")
-    if not {"id", "content_type", "data"} <= columns:
+def _understood_text(understanding: str) -> str:
+    return f"[图片：{understanding.strip()}]"
+
+
+def _image_bytes(connection: apsw.Connection, media_id: str) -> tuple[bytes, str] | None:
+    """The image's bytes (from the blob store, by SHA-256) and type, or None when gone."""
+    media = load_media(connection, media_id)
+    if media is None or media.kind != "image":
         return None
-    row = connection.execute(
-        "SELECT m.data, m.content_type FROM host_message_media r JOIN host_media m ON m.id = r.media_id "
-        "WHERE r.message_id = ? AND r.position = ?", (message_id, position),
-    ).fetchone()
-    return (bytes(row[0]), row[1]) if row and row[0] is not None else None
+    data = blob_get(connection, media.sha256)
+    return None if data is None else (data, media.content_type)
 
 
 def learning_request(material: Sequence[MaterialMessage]) -> CompletionRequest:
@@ -487,13 +536,13 @@ def learner_actor_kind(*, memory_store_for: Callable[[Any], MemoryStore] | None 
 
 
 __all__ = [
-    "ImageUnderstanding",
     "LearnerActor",
     "MaterialMessage",
     "MemoryStore",
     "audio_placeholder",
     "host_memory_store",
     "image_placeholder",
+    "image_refused_text",
     "image_understanding_budget_seconds",
     "learner_actor_kind",
     "learner_workers_max",

@@ -24,7 +24,7 @@ again.
 
 Uploads never call the model: images without host understanding are understood later, by the
 learning work, which fills ``understanding_source``/``understanding_text``/``completed_at``/
-``last_error`` on the object.
+``last_error`` on the object (``record_media_understanding``).
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ operation_media_uploaded = "media_uploaded"
 object_type_media = "media"
 sweep_reminder_name = "sweep"
 understanding_source_host = "host"
+understanding_source_model = "model"
+"""Understood by the learning work's model (a content-safety refusal's text included)."""
 
 media_types: dict[str, str] = {
     "image/png": "image",
@@ -276,6 +278,28 @@ def require_host_media(connection: apsw.Connection, media_id: str) -> str | None
     if row is None or not isinstance(row[0], str):
         return None
     return row[0]
+
+
+def record_media_understanding(
+    connection: apsw.Connection, media_id: str, *, text: str | None, error: str | None, now: float
+) -> bool:
+    """Write back what the learning work made of an image (write transaction): ``text`` (the
+    model's description, or the refusal text) completes the object; ``text=None`` records only
+    ``error`` so that a later batch tries again.  An understanding already stored (the host's,
+    or another learner's) is never overwritten; returns whether the row changed."""
+    assert text is None or len(text.encode("utf-8", "surrogatepass")) <= understanding_text_bytes_max
+    if text is not None:
+        connection.execute(
+            "UPDATE host_media SET understanding_source = ?, understanding_text = ?, completed_at = ?, "
+            "last_error = ? WHERE id = ? AND understanding_text IS NULL",
+            (understanding_source_model, text, now, error, media_id),
+        )
+    else:
+        connection.execute(
+            "UPDATE host_media SET last_error = ? WHERE id = ? AND understanding_text IS NULL",
+            (error, media_id),
+        )
+    return connection.changes() > 0
 
 
 @dataclass(frozen=True)
@@ -463,8 +487,11 @@ __all__ = [
     "media_sweep_interval_seconds",
     "media_tables_sql",
     "media_types",
+    "record_media_understanding",
     "require_host_media",
     "save_host_media",
     "sweep_unreferenced_media",
+    "understanding_source_host",
+    "understanding_source_model",
     "understanding_text_bytes_max",
 ]
