@@ -43,15 +43,9 @@ def _faults(text: str) -> frozenset[str]:
 
 def planted_bug_names() -> list[str]:
     """Every ``--plant-bug`` choice: the runtime's, storage's and the workloads' own."""
-    import troupe.runtime
-    import troupe.storage
     from troupe import sim
 
-    names = set(getattr(troupe.runtime, "runtime_planted_bugs", ()))
-    names |= set(getattr(troupe.storage, "storage_planted_bugs", ()))
-    workload_bugs = getattr(sim, "workload_planted_bugs", ("ack_before_commit",))
-    names |= set(workload_bugs() if callable(workload_bugs) else workload_bugs)
-    return sorted(names)
+    return list(sim.planted_bug_names())
 
 
 def _build_parser(*, simulator: bool = True) -> argparse.ArgumentParser:

@@ -18,6 +18,6 @@ def planted_bug_names() -> tuple[str, ...]:
     import troupe.storage
 
     names = set(workload_planted_bugs)
-    names.update(getattr(troupe.runtime, "runtime_planted_bugs", ()))
-    names.update(getattr(troupe.storage, "storage_planted_bugs", ()))
+    names.update(troupe.runtime.runtime_planted_bugs)
+    names.update(troupe.storage.storage_planted_bugs)
     return tuple(sorted(names))

@@ -260,16 +260,16 @@ class _Lifetime:
         env = world.env
         if self.power_loss_pending:
             self.power_loss_pending = False
-            lost = self.vfs.power_loss(self.decisions) if hasattr(self.vfs, "power_loss") else {}
+            lost = self.vfs.power_loss(self.decisions)
             self.result.power_losses += 1
-            world.tracer.record("sim_power_loss", "sim", "", **_plain(lost))
+            world.tracer.record("sim_power_loss", "sim", "", **lost)
         fault_plan.revive()
         # The runtime's fault points stay quiet while the process starts and recovers.
         env.fault_points = no_fault_points
         with trio.CancelScope() as lifetime_scope:
             async with trio.open_nursery() as nursery:
                 engine = await Engine.open(env, migrations=self.migrations, nursery=nursery, readers_max=1,
-                                           **_engine_options(world.tracer))
+                                           tracer=world.tracer)
                 world.engine = engine
                 kinds = [*self.server.kinds(), *(kind for workload in self.workloads for kind in workload.actor_kinds(world))]
                 services = [*self.server.services(),
@@ -353,7 +353,7 @@ class _Lifetime:
         if decisions.random() < graceful_restart_share:
             restart.set()
             return
-        if decisions.random() < settings.crash_inside_io_share and hasattr(self.fault_plan, "crash_after"):
+        if decisions.random() < settings.crash_inside_io_share:
             # Land the crash at an I/O operation: between jobs, inside COMMIT, in a checkpoint.
             operations = 1 + int(decisions.expovariate(1 / crash_io_operations_mean))
             self.fault_plan.crash_after(operations, lambda: crash("io_operation"))
@@ -379,26 +379,14 @@ def _services(workload, world) -> list:
     return list(offer(world)) if offer is not None else []
 
 
-def _engine_options(tracer: Tracer) -> dict[str, Any]:
-    import inspect
-
-    # The tracer records commits when the engine supports it.
-    return {"tracer": tracer} if "tracer" in inspect.signature(Engine.open).parameters else {}
-
-
-def _plain(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {str(key): item for key, item in value.items() if isinstance(item, (int, str, float, bool))}
-    return {}
-
-
-def _check_restart_intensity(tracer: Tracer) -> list[str]:
-    """No actor restarted more often than its intensity allows before escalating."""
-    restarts: dict[tuple[str, str], list[float]] = defaultdict(list)
+def _check_restart_intensity(tracer: Tracer) -> list[Violation]:
+    """No actor restarted more often than its intensity allows before escalating (read from
+    the trace, so the runtime's own bookkeeping is not trusted)."""
+    restarts: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
     violations = []
     intensity = RestartIntensity()
     for record in read_trace(b"".join(tracer.records)):
-        _, moment, event, kind, key, _ = record
+        sequence, moment, event, kind, key, _ = record
         if kind in ("sim", "supervisor"):
             if event == "sim_restart":
                 restarts.clear()  # a new process: every actor starts with a fresh history
@@ -407,9 +395,12 @@ def _check_restart_intensity(tracer: Tracer) -> list[str]:
         if event == "escalate":
             restarts.pop(address, None)
         elif event == "restart":
-            times = restarts[address]
-            times.append(moment / 1_000_000)
-            recent = [moment_ for moment_ in times if times[-1] - moment_ <= intensity.period_seconds]
+            history = restarts[address]
+            history.append((moment / 1_000_000, sequence))
+            latest = history[-1][0]
+            recent = [number for when, number in history if latest - when <= intensity.period_seconds]
             if len(recent) > intensity.restarts_max:
-                violations.append(f"restart intensity exceeded for {kind}/{key} without escalation")
+                violations.append(Violation(f"restart intensity exceeded for {kind}/{key} without escalation",
+                                            tuple(recent), (address,), checker="restart_intensity"))
+                history.clear()  # report each burst once
     return violations

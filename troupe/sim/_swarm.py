@@ -104,8 +104,6 @@ def choose_fault_settings(allowed: frozenset[str], swarm: bool, decisions: rando
 
 
 def _fault_point_rates(randomness: random_module.Random | None) -> dict[str, float]:
-    try:  # TEMPORARY until troupe/sim/_fault_points.py lands
-        from ._fault_points import default_fault_point_rates, swarm_fault_point_rates
-    except ImportError:
-        return {}
+    from ._fault_points import default_fault_point_rates, swarm_fault_point_rates
+
     return default_fault_point_rates() if randomness is None else swarm_fault_point_rates(randomness)

@@ -251,7 +251,7 @@ def runtime_event_kinds() -> tuple[str, ...]:
     """Every trace event kind the runtime can emit (empty until the runtime declares them)."""
     import troupe.runtime
 
-    return tuple(getattr(troupe.runtime, "runtime_event_kinds", ()))
+    return tuple(troupe.runtime.runtime_event_kinds)
 
 
 def progress_line(done: int, total: int, violations: int, failing_seeds: int, elapsed_seconds: float) -> str:
