@@ -78,7 +78,7 @@ def make_workloads(names: list[str] | None) -> list[Workload]:
 def _load_builtin_workloads() -> None:
     import importlib
 
-    for module in ("_bank", "_registers", "_admin_workload"):
+    for module in ("_bank", "_registers", "_admin_workload", "_host_workload"):
         try:  # TEMPORARY guard while the workloads land
             importlib.import_module(f"troupe.sim.{module}")  # each registers itself
         except ModuleNotFoundError:
