@@ -226,9 +226,10 @@ class EntryActor(Actor):
         media = self.media
 
         kind = self.context.kind
+        known_entry = self.entry
 
         def job(connection: apsw.Connection) -> tuple[MessagesAccepted, EntryRecord, PaceOutcome]:
-            accepted, entry = accept_messages(connection, entry_id, command, received_at, media)
+            accepted, entry = accept_messages(connection, entry_id, command, received_at, media, entry=known_entry)
             outcome = apply_pace(connection, kind, entry_id, entry.pace, received_at)
             if outcome.closed is not None:
                 accepted = MessagesAccepted(accepted.message_ids, pending_count(connection, entry_id))
@@ -294,26 +295,53 @@ _insert_message_sql = (
 )
 
 
+dedupe_lookup_keys_max = 500
+"""Dedupe keys looked up per statement (well under SQLite's bound-parameter limit)."""
+
+
+def stored_message_ids(connection: apsw.Connection, entry_id: str, dedupe_keys: Sequence[str]) -> dict[str, int]:
+    """The ids already stored in ``entry_id`` under any of ``dedupe_keys``.
+
+    One statement per ``dedupe_lookup_keys_max`` keys rather than one per message: a batch
+    usually has no retries, and every statement costs the writer thread a trip through the
+    interpreter lock while the event loop is busy serving requests."""
+    found: dict[str, int] = {}
+    unique_keys = list(dict.fromkeys(dedupe_keys))
+    for start in range(0, len(unique_keys), dedupe_lookup_keys_max):
+        chunk = unique_keys[start:start + dedupe_lookup_keys_max]
+        marks = ", ".join("?" for _ in chunk)
+        found.update(connection.execute(
+            f"SELECT dedupe_key, id FROM host_messages WHERE entry_id = ? AND dedupe_key IN ({marks})",
+            (entry_id, *chunk),
+        ))
+    return found
+
+
 def accept_messages(
     connection: apsw.Connection,
     entry_id: str,
     command: AcceptMessages,
     received_at: float,
     media: MediaResolver = host_media,
+    *,
+    entry: EntryRecord | None = None,
 ) -> tuple[MessagesAccepted, EntryRecord]:
-    """The write job: all of the batch or (raising) none of it."""
-    entry = load_entry(connection, entry_id) or _create_entry(connection, entry_id, command, received_at)
+    """The write job: all of the batch or (raising) none of it.
+
+    ``entry``: the entry as its actor already knows it from a committed job (the actor is the
+    entry's only writer, so the row cannot have changed since); None reads it (or creates it)."""
+    entry = entry or load_entry(connection, entry_id) or _create_entry(connection, entry_id, command, received_at)
     source = command.grant.name
+    # Earlier messages of this same batch join the stored ones as they are inserted, so a
+    # key repeated inside one batch maps to its first message, as a retry would.
+    known_ids = stored_message_ids(connection, entry_id, [message.dedupe_key for message in command.messages])
     message_ids: list[int] = []
     refusals: list[tuple[int, int, str]] = []
     for index, message in enumerate(command.messages):
-        existing = connection.execute(
-            "SELECT id FROM host_messages WHERE entry_id = ? AND dedupe_key = ?",
-            (entry_id, message.dedupe_key),
-        ).fetchone()
+        existing = known_ids.get(message.dedupe_key)
         if existing is not None:
             # A retry: the original stands (its media references are not re-checked).
-            message_ids.append(existing[0])
+            message_ids.append(existing)
             continue
         if message.media_ids:
             positions = media.refused_positions(connection, command.grant, entry_id, message.media_ids)
@@ -328,6 +356,7 @@ def accept_messages(
         ))
         message_id = connection.last_insert_rowid()
         message_ids.append(message_id)
+        known_ids[message.dedupe_key] = message_id
         for position, media_id in enumerate(message.media_ids):
             connection.execute(
                 "INSERT INTO host_message_media (message_id, position, media_id) VALUES (?, ?, ?)",
