@@ -145,7 +145,7 @@ class VectorIndex:
         if present.any():
             self._index.remove(keys[present])
         vectors = numpy.asarray(vectors, dtype=numpy.float32)
-        self._index.add(keys, vectors)
+        self._index.add(keys, vectors, threads=_threads_for(len(keys), vector_add_items_per_thread_min))
         self._mirror_store(keys, vectors)
 
     def absorb(self, ids: numpy.ndarray, vectors: numpy.ndarray, sequence: int) -> None:
@@ -173,7 +173,7 @@ class VectorIndex:
             return []
         query = numpy.asarray(query, dtype=numpy.float32).reshape(-1)
         if allowed is None:
-            matches = self._index.search(query, min(count, size))
+            matches = self._index.search(query, min(count, size), threads=1)
             return [
                 (int(k), float(d)) for k, d in zip(matches.keys, matches.distances, strict=True)
             ]
@@ -185,7 +185,7 @@ class VectorIndex:
         ):
             return self._exact_search(query, count, allowed)
         for _ in range(vector_search_rounds_max):
-            matches = self._index.search(query, fetch)
+            matches = self._index.search(query, fetch, threads=1)
             found = [
                 (int(key), float(distance))
                 for key, distance in zip(matches.keys, matches.distances, strict=True)
@@ -214,8 +214,19 @@ class VectorIndex:
             min(count, len(keys)),
             metric="cos",
             exact=True,
+            threads=_threads_for(len(keys), vector_exact_items_per_thread_min),
         )
         return [
             (int(keys[position]), float(distance))
             for position, distance in zip(matches.keys, matches.distances, strict=True)
         ]
+
+
+vector_add_items_per_thread_min = 1024
+vector_exact_items_per_thread_min = 65536
+"""Below these sizes usearch's thread start-up (a few milliseconds) costs more than the work:
+one thread does it; above them usearch uses every core (``threads=0``)."""
+
+
+def _threads_for(items: int, items_per_thread_min: int) -> int:
+    return 1 if items < items_per_thread_min else 0

@@ -45,7 +45,7 @@ from troupe.storage import (
 )
 
 from ._history import Attempt, History, check_linearizable
-from ._trace_queries import poisoned_reminders
+from ._trace_queries import PoisonedReminders
 from ._violation import Violation
 from ._workload import World, register_workload
 
@@ -443,7 +443,7 @@ class BankWorkload:
         self._bind(world)
         recovered, transfers = await self._durable_state(world)
         violations = self._recovery_violations(recovered, transfers)
-        poisoned = poisoned_reminders(world.tracer, "transfer")
+        poisoned = PoisonedReminders(world.tracer).of_kind("transfer")  # asked once, at the end
         for key, state in transfers.items():
             if state is None:
                 continue

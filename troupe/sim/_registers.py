@@ -62,7 +62,7 @@ from troupe.storage import (
 
 from ._fault_points import fault_point_delay_seconds_max
 from ._history import History, check_linearizable
-from ._trace_queries import poisoned_reminders
+from ._trace_queries import PoisonedReminders
 from ._violation import Violation
 from ._workload import World, register_workload
 
@@ -663,7 +663,7 @@ class RegistersWorkload:
                 if name in state.reminder_names and not final:
                     continue
                 if poisoned is None:
-                    poisoned = poisoned_reminders(world.tracer, kind_name)
+                    poisoned = PoisonedReminders(world.tracer).of_kind(kind_name)
                 if (key, name) in poisoned:
                     continue  # crashed twice: the runtime drops it, as documented
                 what = "its reminder is gone" if name not in state.reminder_names else "its reminder never completed it"
