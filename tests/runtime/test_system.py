@@ -365,3 +365,33 @@ async def test_restart_intensity_survives_passivation(env, autojump_clock):
             await ref.ask(Boom("2"))
         statistics = system.statistics()["counter"]
         assert statistics.restarts == 1 and statistics.escalations == 1
+
+
+async def test_a_post_while_the_system_is_being_cancelled_is_unavailable(env, autojump_clock):
+    # Found by the simulator (seeds 24, 77, 86, 140 of a full sweep): a process crash cancels
+    # the system while a client task still posts; the kind's nursery was closing, and the post
+    # raised trio's "closed to new arrivals" instead of Unavailable.
+    class Stubborn(Actor):
+        async def receive(self, message):
+            with trio.CancelScope(shield=True):  # keeps the kind's nursery open while it closes
+                await trio.sleep(1)
+            return "done"
+
+    from troupe.runtime import ActorSystem
+
+    system = ActorSystem(env, [ActorKind("stubborn", Stubborn)])
+    outcomes = []
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as inner:
+            await inner.start(system.run)
+            system.ref("stubborn", "a").tell("go")
+            await trio.sleep(0.1)
+            inner.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.1)  # the system is being cancelled; the stubborn turn runs on
+                try:
+                    system.ref("stubborn", "b").tell("go")
+                except Unavailable as error:
+                    outcomes.append(error)
+        outer.cancel_scope.cancel()
+    assert len(outcomes) == 1

@@ -210,7 +210,11 @@ class ReminderService:
         except PoisonMessage:
             self.poisoned += 1
             system.tracer.record("reminder_poison", kind, key, name=name)
-            await self._delete_if_still_due(kind, key, name, due_wall)
+            try:
+                await self._delete_if_still_due(kind, key, name, due_wall)
+            except Exception as error:  # storage trouble: the row stays, so it is tried again
+                system.tracer.record("reminder_error", kind, key, name=name, error=type(error).__name__)
+                retry_after = _limits.reminder_retry_seconds
         except ActorError as error:
             retry_after = getattr(error, "retry_after_seconds", _limits.reminder_retry_seconds)
         except Exception as error:  # storage trouble: try again later

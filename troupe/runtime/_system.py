@@ -643,8 +643,13 @@ class ActorSystem:
         if previous is not None:
             previous.cancel()
         scope = trio.CancelScope()
+        nursery = cell.runtime.nursery
+        if nursery is None:
+            # The kind is going down with its cells: the timer could never be delivered.
+            self.tracer.record("timer_dropped", cell.runtime.spec.name, cell.key, name=name)
+            return
         cell.timers[name] = scope
-        cell.runtime.nursery.start_soon(self._timer_task, cell, name, scope, delay_seconds, message)
+        nursery.start_soon(self._timer_task, cell, name, scope, delay_seconds, message)
 
     async def _timer_task(self, cell: _Cell, name: str, scope: trio.CancelScope, delay: float, message: Any) -> None:
         kind = cell.runtime.spec.name
@@ -679,10 +684,18 @@ class ActorSystem:
             async with trio.open_nursery() as nursery:
                 runtime.nursery = nursery
                 runtime.available = True
-                nursery.start_soon(self._sweeper, runtime)
-                task_status.started()
-                await runtime.failed.wait()
-                nursery.cancel_scope.cancel()
+                try:
+                    nursery.start_soon(self._sweeper, runtime)
+                    task_status.started()
+                    await runtime.failed.wait()
+                    nursery.cancel_scope.cancel()
+                finally:
+                    # Once this body ends (the kind failed, or the system is being cancelled)
+                    # the nursery takes no new tasks while its cells finish: posts must hear
+                    # Unavailable from now on, not trio's "closed to new arrivals".
+                    if runtime.nursery is nursery:
+                        runtime.nursery = None
+                        runtime.available = False
             raise SupervisorEscalated(f"kind:{name}", None)
 
         def unavailable(retry_after_seconds: float) -> None:
