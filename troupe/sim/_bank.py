@@ -415,14 +415,25 @@ class BankWorkload:
                 violations.append(self._about(identity, f"acknowledged result changed: {identity} on {key}: {result} vs {list(stored)}", key))
         for key, state in transfers.items():
             if state is None:
-                violations.append(f"acknowledged transfer lost: {key}")
+                violations.append(self._about_transfer(key, f"acknowledged transfer lost: {key}"))
         self._resolve(recovered)
         return violations
 
     def _about(self, identity: str, text: str, account: str) -> Violation:
+        """A violation naming the trace records of the client operation ``identity``."""
         operation = self.history.get(identity) if self.history is not None else None
         sequences = operation.sequences if operation is not None else ()
         return Violation(text, sequences, (("account", account),), "bank")
+
+    def _about_transfer(self, key: str, text: str) -> Violation:
+        """A violation naming the trace records of the transfer's two steps (the transfer
+        actor is their client)."""
+        sequences: tuple[int, ...] = ()
+        for step in (f"{key}:out", f"{key}:in"):
+            operation = self.history.get(step) if self.history is not None else None
+            if operation is not None:
+                sequences += tuple(operation.sequences)
+        return Violation(text, sequences, (("transfer", key),), "bank")
 
     def _resolve(self, recovered) -> None:
         """Settle operations whose outcome was unknown by what the journal rows say now."""
@@ -454,13 +465,13 @@ class BankWorkload:
             out = recovered[state["source"]][2][1].get(f"{key}:out")
             arrived = recovered[state["destination"]][2][1].get(f"{key}:in")
             if state["status"] == "pending":
-                violations.append(f"transfer never finished: {key}")
+                violations.append(self._about_transfer(key, f"transfer never finished: {key}"))
             elif state["status"] == "quarantined":
                 self.quarantined_transfers += 1
             elif state["status"] == "done" and not (out and out[0] and arrived):
-                violations.append(f"transfer {key} done but money not moved out and in")
+                violations.append(self._about_transfer(key, f"transfer {key} done but money not moved out and in"))
             elif state["status"] == "refused" and (arrived or (out and out[0])):
-                violations.append(f"transfer {key} refused but money moved")
+                violations.append(self._about_transfer(key, f"transfer {key} refused but money moved"))
         for account in self.accounts:
             attempt = self.history.invoke("checker", account, "balance")
             try:
