@@ -53,8 +53,10 @@ def _build_parser(*, simulator: bool = True) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     from troupe.auth import add_token_commands
+    from troupe.http.host import add_persona_commands
 
     add_token_commands(commands)
+    add_persona_commands(commands)
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
     serve.add_argument("--config", default=None, help="troupe.toml to read")
@@ -130,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from troupe.auth import run_token_command
 
         return run_token_command(arguments)
+    if arguments.command == "persona":
+        from troupe.http.host import run_persona_command
+
+        return run_persona_command(arguments)
     return _sim(arguments)
 
 

@@ -783,12 +783,22 @@ def _json_or_none(response: AsgiResponse) -> Any:
         return None
 
 
+optional_error_members = frozenset({"field", "canonical_id"})
+"""Members the contract allows beside the fixed ones: the legacy ``field`` of an oversized
+message, and ``canonical_id`` on some errors."""
+
+
+def _has_fixed_members(error: dict[str, Any]) -> bool:
+    members = set(error)
+    return error_keys <= members and members - error_keys <= optional_error_members
+
+
 def envelope_problem(response: AsgiResponse, document: Any) -> str | None:
     """Why an error response is not the host contract's unified body (None when it is)."""
     if not (response.header("content-type") or "").startswith("application/json"):
         return f"content-type {response.header('content-type')!r} is not JSON"
     error = document.get("error") if isinstance(document, dict) else None
-    if not isinstance(error, dict) or set(document) != {"error"} or set(error) != error_keys:
+    if not isinstance(error, dict) or set(document) != {"error"} or not _has_fixed_members(error):
         return f"not the unified error body: {response.body[:200]!r}"
     codes = documented_codes.get(response.status)
     if codes is None or error["code"] not in codes:

@@ -113,6 +113,7 @@ async def test_content_byte_limits_413_never_truncated(client, host, field):
     response = await client.post(path, json=[message("x"), message("over", **{field: over})])
     assert_error(response, 413, "payload_too_large")
     assert fields_of(response) == [f"body[1].{field}"]
+    assert response.json()["error"]["field"] == f"body[1].{field}"  # the legacy member, kept
     stored = await host.rows(f"SELECT {field} FROM host_messages")
     assert stored == [(at_limit,)]
 

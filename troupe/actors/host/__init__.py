@@ -14,6 +14,8 @@
   ``learner``): batches waiting → running → succeeded | abandoned | refused, memories made
   through the Model port (``_batches``, ``_learning``); ``message_learning_states`` for the
   ``unlearned`` flag;
+- ``set_persona`` / ``persona_section``: the character's versioned persona, set by an operator
+  and shown in prepare's ``persona`` section (``_persona``);
 - ``host_migrations``: the tables (entries, messages, message media).
 """
 
@@ -105,6 +107,17 @@ from ._pace import (
     pace_max_wait_seconds_max,
     pace_name_default,
 )
+from ._persona import (
+    Persona,
+    PersonaRefused,
+    current_persona,
+    persona_history,
+    persona_name_characters_max,
+    persona_section,
+    persona_text_characters_max,
+    persona_update_hint_seconds,
+    set_persona,
+)
 from ._schema import (
     host_component,
     host_migrations,
@@ -154,6 +167,8 @@ __all__ = [
     "Pace",
     "PaceOutcome",
     "PatchState",
+    "Persona",
+    "PersonaRefused",
     "PutState",
     "SaveMedia",
     "StateRefused",
@@ -168,6 +183,7 @@ __all__ = [
     "batch_states_finished",
     "batch_states_open",
     "catch_up_index",
+    "current_persona",
     "current_state",
     "delete_memories",
     "detect_media_type",
@@ -216,9 +232,15 @@ __all__ = [
     "pace_max_wait_seconds_max",
     "pace_name_default",
     "pending_count",
+    "persona_history",
+    "persona_name_characters_max",
+    "persona_section",
+    "persona_text_characters_max",
+    "persona_update_hint_seconds",
     "record_media_understanding",
     "require_host_media",
     "save_host_media",
+    "set_persona",
     "state_actor_kind",
     "state_detail_key_characters_max",
     "state_details_max",

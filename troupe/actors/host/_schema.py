@@ -21,6 +21,7 @@ from troupe.storage import Migration
 from ._learning_schema import learning_tables_sql
 from ._media_store import media_tables_sql
 from ._memories import memory_tables_sql, retrieval_migration
+from ._persona import persona_tables_sql
 from ._state import state_tables_sql
 
 host_component = "host"
@@ -82,6 +83,8 @@ host_migrations: tuple[Migration, ...] = (
     Migration(component=host_component, number=4, name="media", sql=media_tables_sql),
     # The character's global state and its report history (``_state``).
     Migration(component=host_component, number=5, name="state", sql=state_tables_sql),
+    # The character's persona, one row per version (``_persona``).
+    Migration(component=host_component, number=6, name="persona", sql=persona_tables_sql),
 )
 
 learning_state_pending = "pending"

@@ -7,7 +7,8 @@
   entry id, scope, per-route body limit) and ``Cache-Control: no-store``;
 - the unified error body (``HostError``, ``error_document``, ``host_error_envelope``) and the
   route table (body limits per route, ``entry_segment``);
-- request models (``MessageIn``, ``parse_message_batch``) and the OpenAPI document.
+- request models (``MessageIn``, ``parse_message_batch``) and the OpenAPI document;
+- ``add_persona_commands`` / ``run_persona_command``: ``troupe persona set|show``.
 """
 
 from ._app import EntryIdConverter, HostAppDependencies, ask_actor, create_host_app
@@ -21,6 +22,7 @@ from ._errors import (
 )
 from ._gate import GateAdmission, HostGate, NoStore, admission_key, admission_of
 from ._openapi import docs_page, openapi_document
+from ._persona_cli import add_persona_commands, run_persona_command
 from ._routes import (
     api_prefix,
     body_bytes_max_for,
@@ -51,6 +53,7 @@ __all__ = [
     "MessageIn",
     "NoStore",
     "admission_key",
+    "add_persona_commands",
     "admission_of",
     "allowed_hosts_variable",
     "api_prefix",
@@ -73,5 +76,6 @@ __all__ = [
     "other_body_bytes_max",
     "parse_message_batch",
     "retry_at_text",
+    "run_persona_command",
     "state_body_bytes_max",
 ]

@@ -131,7 +131,7 @@ def _install_errors(app: QuartTrio, dependencies: HostAppDependencies) -> None:
             headers["Retry-After"] = str(error.retry_after_seconds)
         document = error_document(
             error.code, error.message, error.fields,
-            retry_after_seconds=error.retry_after_seconds, retry_at=retry_at,
+            retry_after_seconds=error.retry_after_seconds, retry_at=retry_at, extra=error.extra,
         )
         response = Response(encode_document(document), status=error.status, content_type=json_content_type)
         response.headers.update(headers)

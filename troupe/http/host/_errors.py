@@ -8,7 +8,9 @@ this surface runs (bad Host, body over the limit) and quart's own (404, 405, a c
 
 ``fields`` is always an array (paths like ``body.occurred_at``, ``body[3].content``,
 ``path.entry_id``, ``header.authorization``); the two retry fields are a positive integer and
-an aware ISO time on 429/503 and ``null`` otherwise.  Clients branch on the status and the
+an aware ISO time on 429/503 and ``null`` otherwise.  A few errors add members the contract
+allows: a message over its byte limit keeps the legacy ``field`` (the first offending path,
+also listed in ``fields``).  Clients branch on the status and the
 code, never on the message (Chinese, for people).
 
 Codes, by status:
@@ -80,6 +82,9 @@ _codes_by_status = {
     503: code_unavailable,
 }
 
+fixed_error_members = ("code", "message", "fields", "retry_after_seconds", "retry_at")
+"""The members every error object has (further ones are optional additions)."""
+
 retry_after_seconds_unknown = 1
 """The contract's suggestion when a temporary unavailability cannot be estimated."""
 
@@ -100,8 +105,12 @@ class HostError(Exception):
     fields: Sequence[FieldProblem] = ()
     retry_after_seconds: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
+    """Additional members of the error object (the contract allows some, e.g. the legacy
+    ``field`` of a message over its byte limit); never one of the five fixed ones."""
 
     def __post_init__(self) -> None:
+        assert not set(self.extra) & set(fixed_error_members), "extra members never replace fixed ones"
         assert self.retry_after_seconds is None or self.retry_after_seconds >= 1
         super().__init__(self.code)
 
@@ -119,6 +128,7 @@ def error_document(
     *,
     retry_after_seconds: int | None = None,
     retry_at: str | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> dict:
     return {
         "error": {
@@ -127,6 +137,7 @@ def error_document(
             "fields": [{"field": problem.field, "message": problem.message} for problem in fields],
             "retry_after_seconds": retry_after_seconds,
             "retry_at": retry_at,
+            **(extra or {}),
         }
     }
 
@@ -165,6 +176,7 @@ __all__ = [
     "default_messages",
     "encode_document",
     "error_document",
+    "fixed_error_members",
     "host_error_envelope",
     "retry_after_seconds_unknown",
     "retry_at_text",

@@ -217,7 +217,8 @@ def state_openapi_paths() -> dict[str, Any]:
         "details": {"type": ["object", "null"], "description": "局部更新；值为 null 删除该项"},
         "mood": {"type": ["string", "null"], "description": "给出时替换情绪；null 清除"},
     }}
-    delete_request = {"type": "object", "properties": {"entry_id": {"type": ["string", "null"]}}}
+    delete_request = {"type": "object", "properties": {
+        "entry_id": {"type": ["string", "null"], "description": "结束活动的入口；须在令牌范围内"}}}
     errors = ("400", "401", "403", "413", "429", "503")
     limit = f"正文最多 {state_body_bytes_max} 字节。"
     return {
@@ -230,7 +231,7 @@ def state_openapi_paths() -> dict[str, Any]:
             "patch": _operation("更新细节或情绪", "局部更新；{} 为心跳，不替换活动；细节值 null 删除该项。无活动时返回 {}。" + limit,
                                 request=patch_request, success=("200", "更新后的状态或 {}", state_schema), errors=errors),
             "delete": _operation("结束活动", "结束当前活动，保留报告历史；可无正文或提供 entry_id。" + limit,
-                                 request=None, success=("200", "{}", {"type": "object"}), errors=errors)
+                                 request=None, success=("200", "已结束活动（或本来无活动），返回 {}", {"type": "object", "description": "总是 {}"}), errors=errors)
             | {"requestBody": {"required": False, "content": {"application/json": {"schema": delete_request}}}},
         },
     }

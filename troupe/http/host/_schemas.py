@@ -198,6 +198,13 @@ def _chinese(error: Any) -> str:
     if kind in ("greater_than_equal", "less_than_equal"):
         bound = context.get("ge", context.get("le"))
         return f"须{'不小于' if kind == 'greater_than_equal' else '不大于'} {bound}"
+    if kind in ("greater_than", "less_than"):
+        bound = context.get("gt", context.get("lt"))
+        return f"须{'大于' if kind == 'greater_than' else '小于'} {bound}"
+    if kind == "too_short":
+        return f"至少 {context.get('min_length')} 项"
+    if kind == "bool_type":
+        return "需要 true 或 false"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return "需要 JSON 对象"
     if kind == "list_type":
@@ -232,7 +239,8 @@ def parse_message_batch(document: Any) -> list[NewMessage]:
         raise HostError(400, code_invalid_request, fields=[FieldProblem("body", "需要 JSON 对象或数组")])
     too_large = [problem for base, item in items for problem in _byte_problems(base, item)]
     if too_large:
-        raise HostError(413, code_payload_too_large, fields=too_large)
+        # ``field``: the legacy member of this response, which the contract keeps.
+        raise HostError(413, code_payload_too_large, fields=too_large, extra={"field": too_large[0].field})
     problems: list[FieldProblem] = []
     messages: list[NewMessage] = []
     for base, item in items:

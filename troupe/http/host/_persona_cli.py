@@ -1,0 +1,156 @@
+"""``troupe persona set|show``: the character's persona from the command line.
+
+Why a command and not a host route: the persona is who the character is; host tokens may read
+it (prepare's ``persona`` section) but only an operator with the data directory may change it.
+Like ``troupe token``, the commands open the same database as ``troupe serve`` through the
+storage engine, so they work while the server runs (WAL), and the next prepare shows the new
+version.
+
+``set`` writes a new version only when the text or name differs from the current one (setting
+the same persona twice prints the same version).  Exit codes: 0 done, 1 refused (blank or too
+long text, unreadable file, storage error), 2 configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from troupe._config import ConfigError, load_serve_options
+from troupe.actors.host import PersonaRefused, current_persona, persona_history, set_persona
+from troupe.runtime import real_env
+from troupe.storage import StorageError, open_engine
+
+exit_code_ok = 0
+exit_code_refused = 1
+exit_code_config = 2
+operator_source = "operator"
+"""The source recorded on versions set from the command line."""
+
+
+def add_persona_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``persona set|show`` to an argparse ``add_subparsers()`` object."""
+    persona = subparsers.add_parser("persona", help="set or show the character's persona (prepare's persona section)")
+    commands = persona.add_subparsers(dest="persona_command", required=True)
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
+        parser.add_argument("--config", default=None, help="troupe.toml to read")
+
+    setting = commands.add_parser("set", help="store a new persona version (same text again: no new version)")
+    common(setting)
+    text = setting.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the persona description")
+    text.add_argument("--file", help="read the description from this UTF-8 file")
+    setting.add_argument("--name", default=None, help="the character's name (optional)")
+
+    show = commands.add_parser("show", help="print the current persona (or every version with --history)")
+    common(show)
+    show.add_argument("--history", action="store_true", help="every version, oldest first")
+    return persona
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(timespec="seconds")
+
+
+async def _with_engine(data_dir: str, job: Any) -> Any:
+    """Run ``job(env, engine)``; a refusal is returned, not raised (see ``troupe.auth._cli``)."""
+    from ._surface import host_surface
+
+    env = real_env(data_dir)
+    async with open_engine(env, migrations=list(host_surface.migrations)) as engine:
+        try:
+            return await job(env, engine)
+        except (PersonaRefused, StorageError) as exc:
+            return exc
+
+
+async def _set(env: Any, engine: Any, text: str, name: str | None) -> list[str]:
+    now = env.clock.wall()
+    persona = await engine.write(lambda connection: set_persona(
+        connection, text=text, name=name, updated_at=now, source=operator_source))
+    return [f"persona version {persona.version} (updated {_timestamp(persona.updated_at)})"]
+
+
+async def _show(env: Any, engine: Any, history: bool) -> list[str]:
+    del env
+    if history:
+        versions = await engine.read(persona_history)
+    else:
+        current = await engine.read(current_persona)
+        versions = [] if current is None else [current]
+    if not versions:
+        return ["no persona set (prepare's persona section has null fields)"]
+    lines: list[str] = []
+    for persona in versions:
+        lines.append(f"version {persona.version}\tname {persona.name or '-'}\t"
+                     f"updated {_timestamp(persona.updated_at)}\tsource {persona.source}")
+        lines.append(persona.text)
+    return lines
+
+
+def _read_text(arguments: Any) -> str:
+    if arguments.text is not None:
+        return arguments.text
+    try:
+        return Path(arguments.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PersonaRefused(f"cannot read {arguments.file}: {exc}") from exc
+
+
+def _refusal(error: BaseException) -> BaseException | None:
+    if isinstance(error, PersonaRefused | StorageError):
+        return error
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _refusal(error.exceptions[0])
+    return None
+
+
+def run_persona_command(arguments: Any) -> int:
+    """Run ``troupe persona ...`` with parsed ``arguments``; returns the exit code.
+
+    Must not be called from inside a running trio loop (it runs its own)."""
+    try:
+        data_dir = load_serve_options(arguments).data_dir
+    except ConfigError as exc:
+        _note(str(exc))
+        return exit_code_config
+    try:
+        if arguments.persona_command == "set":
+            text = _read_text(arguments)
+            lines = trio.run(_with_engine, data_dir, lambda env, engine: _set(env, engine, text, arguments.name))
+        elif arguments.persona_command == "show":
+            lines = trio.run(_with_engine, data_dir, lambda env, engine: _show(env, engine, arguments.history))
+        else:
+            raise AssertionError(f"unknown persona command {arguments.persona_command!r}")
+    except (PersonaRefused, StorageError, BaseExceptionGroup) as exc:
+        refusal = _refusal(exc)
+        if refusal is None:
+            raise
+        lines = refusal
+    if isinstance(lines, BaseException):
+        _note(str(lines))
+        return exit_code_refused
+    for line in lines:
+        print(line, flush=True)
+    return exit_code_ok
+
+
+def _note(line: str) -> None:
+    print(f"troupe persona: {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m troupe.http.host persona ...``: the same commands before ``troupe`` wires them."""
+    parser = argparse.ArgumentParser(prog="troupe")
+    add_persona_commands(parser.add_subparsers(dest="command", required=True))
+    return run_persona_command(parser.parse_args(argv))
+
+
+__all__ = ["add_persona_commands", "main", "run_persona_command"]
