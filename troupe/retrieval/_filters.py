@@ -68,6 +68,13 @@ class FacetBitmaps:
         # (tenant, name term) -> items said by a speaker whose name contains that term.
         self.by_speaker_term: dict[tuple[str, str], BitMap] = {}
         self.visible_to_all = BitMap()
+        # Items whose ``context`` is not empty: without any among the allowed ids, the
+        # context-weighted text list ranks exactly like the text list (see
+        # ``MemoryIndex._recall_hybrid``), so recall scans the text index once, not twice.
+        self.with_context = BitMap()
+        # Every item ever loaded or added (deleted ones included): a filter whose candidates
+        # are all of them needs no facet pre-filter in the text index.
+        self.every_item = BitMap()
         self.forgotten = BitMap()
         self.deleted = BitMap()
         self.highest_id = 0
@@ -126,7 +133,11 @@ class FacetBitmaps:
         kind: str,
         visibility: Iterable[str],
         speaker: str = "",
+        has_context: bool = False,
     ) -> None:
+        self.every_item.add(item_id)
+        if has_context:
+            self.with_context.add(item_id)
         self.by_tenant.setdefault(tenant, BitMap()).add(item_id)
         self.by_scope.setdefault((tenant, scope), BitMap()).add(item_id)
         self.by_kind.setdefault((tenant, kind), BitMap()).add(item_id)
@@ -149,10 +160,11 @@ class FacetBitmaps:
         visibility: str,
         forgotten: int,
         deleted: int,
+        has_context: int = 0,
     ) -> None:
         """Loads one ``facet_rows`` row (visibility still joined)."""
         viewers = filter(None, visibility.split(visibility_separator))
-        self.add(item_id, tenant, scope, kind, viewers, speaker)
+        self.add(item_id, tenant, scope, kind, viewers, speaker, bool(has_context))
         if forgotten:
             self.forgotten.add(item_id)
         if deleted:
@@ -162,7 +174,7 @@ class FacetBitmaps:
         """Loads ``facet_rows`` rows: the facets one by one, the times in one assignment."""
         ids, starts, ends = [], [], []
         for row in rows:
-            self.add_row(*row[:8])
+            self.add_row(*row[:8], *row[10:11])
             ids.append(row[0])
             starts.append(row[8])
             ends.append(row[9])
@@ -184,6 +196,16 @@ class FacetBitmaps:
         if not recall_filter.include_forgotten:
             allowed -= self.forgotten
         return allowed
+
+    def admits_every_item(self, candidates: BitMap) -> bool:
+        """Whether ``candidates`` (from ``candidates``) is every item there is: the text
+        index's facet pre-filter would then only cost time (intersecting the longest posting
+        list of all), never remove a match."""
+        return len(candidates) == len(self.every_item)
+
+    def any_with_context(self, allowed: BitMap) -> bool:
+        """Whether any id of ``allowed`` has a non-empty ``context``."""
+        return self.with_context.intersection_cardinality(allowed) > 0
 
     def candidates(self, recall_filter: RecallFilter) -> BitMap:
         """The ids of the filter's tenant, scopes and kinds: what the text index can

@@ -22,6 +22,13 @@ When the embedder is missing or not ready, recall is BM25 only and the result sa
 their vectors later (also the path for re-embedding after a model change: vectors are stored
 per embedder fingerprint, and recall uses only those of the current one).
 
+Text-index shortcuts that change no answer (``tests/retrieval/test_shared_scans.py``): the
+facet pre-filter is left out when the filter's candidates are every item there is (it would
+only cost an intersection with the longest posting list), and the context-weighted list
+reuses the text list when no allowed item has a context (both then rank every match alike),
+so a recall over a store without contexts scores its matches once, not twice.  The graph
+search runs inside the same storage read, off the event loop.
+
 Trade-offs: the caches are rebuilt at open (bitmaps from ``retrieval_items``; the graph from
 its file plus everything written after the file's high-water mark, or from scratch), which
 costs seconds per million items at start-up and keeps every query free of SQL filtering.
@@ -341,7 +348,9 @@ class MemoryIndex:
 
         ids, sequence = await self._database.write(write)
         for item_id, row in zip(ids, rows, strict=True):
-            self._bitmaps.add(item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker)
+            self._bitmaps.add(
+                item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker, bool(row.context)
+            )
         self._bitmaps.set_times(
             numpy.asarray(ids),
             numpy.fromiter((row.time_start for row in rows), float, len(rows)),
@@ -481,31 +490,51 @@ class MemoryIndex:
             remaining = tuple(term for term in parsed.terms if term not in named)
             if remaining:
                 parsed = TextQuery(remaining)
-        facet_expression = _store.facet_match_expression(
-            recall_filter.tenant, recall_filter.scopes, recall_filter.kinds
+        candidate_ids = self._bitmaps.candidates(recall_filter)
+        candidates = len(candidate_ids)
+        facet_expression = (
+            None
+            if self._bitmaps.admits_every_item(candidate_ids)
+            else _store.facet_match_expression(
+                recall_filter.tenant, recall_filter.scopes, recall_filter.kinds
+            )
         )
-        candidates = len(self._bitmaps.candidates(recall_filter))
         degraded = None
-        vector_ids: list[int] | None = None
+        vectors: VectorIndex | None = None
         if not self.embedder_ready():
             degraded = "embedder_unavailable"
         elif allowed and settings.vector_weight > 0.0:
             assert self._embedder is not None and self._vectors is not None
             if query_vector is None:
                 query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
-            nearest = self._vectors.search(query_vector, depth, allowed=allowed)
-            vector_ids = [item_id for item_id, _ in nearest]
+            vectors = self._vectors
         text_match = None if parsed.is_empty or not allowed else parsed.match_expression()
-        weights = (settings.text_column_weights, settings.context_column_weights)
+        text_weights, context_weights = (
+            settings.text_column_weights,
+            settings.context_column_weights,
+        )
+        # The two lists differ only in the weight of the context column; when no allowed
+        # item has a context, both rank every match identically (bm25's length term counts
+        # tokens, not weights), so one scan serves both.
+        one_scan = (text_weights[0], text_weights[2]) == (
+            context_weights[0],
+            context_weights[2],
+        ) and not self._bitmaps.any_with_context(allowed)
+        weights = (text_weights,) if one_scan else (text_weights, context_weights)
 
         def search_fuse_fetch(
             connection: apsw.Connection,
         ) -> tuple[list[RankedList], list[tuple[int, float]], int, dict[int, _store.ItemRow]]:
             # One read per recall: the thread hop to the read pool costs more than the
-            # Python work that rides along with it.
+            # Python work that rides along with it.  The graph search rides along too, off
+            # the event loop (usearch releases the interpreter lock; ``VectorIndex`` locks).
             lists: list[RankedList] = []
+            vector_ids = None
+            if vectors is not None:
+                nearest = vectors.search(query_vector, depth, allowed=allowed)
+                vector_ids = [item_id for item_id, _ in nearest]
             if text_match is not None:
-                text_ids, context_ids = _store.text_search_lists(
+                found = _store.text_search_lists(
                     connection,
                     text_match,
                     allowed=allowed,
@@ -514,6 +543,7 @@ class MemoryIndex:
                     facet_expression=facet_expression,
                     candidates=candidates,
                 )
+                text_ids, context_ids = found[0], found[-1]
                 lists.append(RankedList("text", text_ids, settings.text_weight))
                 lists.append(RankedList("context", context_ids, settings.context_weight))
             if vector_ids is not None:

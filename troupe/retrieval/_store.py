@@ -238,12 +238,12 @@ def set_forgotten(connection: apsw.Connection, keys: Iterable[str], forgotten: b
 
 def facet_rows(
     connection: apsw.Connection,
-) -> Iterator[tuple[int, str, str, str, str, str, int, int, float, float]]:
+) -> Iterator[tuple[int, str, str, str, str, str, int, int, float, float, int]]:
     """``(id, tenant, scope, kind, speaker, visibility, forgotten, deleted, time_start,
-    time_end)`` of every item."""
+    time_end, has_context)`` of every item."""
     yield from connection.execute(
         "SELECT id, tenant, scope, kind, speaker, visibility, forgotten, deleted, time_start,"
-        " time_end FROM retrieval_items"
+        " time_end, context != '' FROM retrieval_items"
     )
 
 
@@ -276,7 +276,7 @@ def text_search(
         match_expression = f"({match_expression}) AND {facet_expression}"
     sql = (
         "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?"
-        " ORDER BY bm25(retrieval_text, ?, ?, ?, 0.0) LIMIT ?"
+        " ORDER BY bm25(retrieval_text, ?, ?, ?, 0.0), rowid LIMIT ?"  # ties: the lower id
     )
     while True:
         rows = [
@@ -296,18 +296,20 @@ def text_search_lists(
     allowed: BitMap,
     depth: int,
     column_weights: Sequence[tuple[float, float, float]],
-    facet_expression: str,
+    facet_expression: str | None,
     candidates: int,
 ) -> list[list[int]]:
     """One ranked id list per entry of ``column_weights``, like ``text_search`` for each.
 
     When the facet filter admits few items (``candidates`` at most
-    ``text_single_scan_candidates_max``) the matches are read once, with every weighting's
-    bm25 computed in the same scan, and ranked here: one walk of the posting lists instead of
-    one per list.  Otherwise each list is its own ``ORDER BY ... LIMIT`` query, which keeps
-    the rows crossing into Python bounded on huge candidate sets.
+    ``text_single_scan_candidates_max``) and there are several weightings, the matches are
+    read once, with every weighting's bm25 computed in the same scan, and ranked here: one
+    walk of the posting lists instead of one per list.  Otherwise each list is its own
+    ``ORDER BY ... LIMIT`` query, which keeps the rows crossing into Python bounded on huge
+    candidate sets.  ``facet_expression`` None: no facet pre-filter (it would admit every
+    item).
     """
-    if candidates > text_single_scan_candidates_max:
+    if candidates > text_single_scan_candidates_max or len(column_weights) == 1:
         return [
             text_search(
                 connection,
@@ -328,7 +330,8 @@ def text_search_lists(
         row
         for row in connection.execute(
             f"SELECT rowid, {scores} FROM retrieval_text WHERE retrieval_text MATCH ?",
-            (f"({match_expression}) AND {facet_expression}",),
+            (match_expression if facet_expression is None
+             else f"({match_expression}) AND {facet_expression}",),
         )
         if row[0] in allowed
     ]

@@ -18,6 +18,13 @@ fetch) is ~5× cheaper exact.  Removed keys are removed from the graph,
 and callers filter by their tombstone bitmap as well, so a vector file saved before a
 deletion can never resurrect the item.
 
+Threads: recall runs ``search`` inside its storage read, on a worker thread in production
+(usearch releases the interpreter lock, so the event loop keeps serving meanwhile), while
+writes absorb vectors on the event loop.  Every use of the graph and the mirror holds
+``self._lock``, so a search never sees a half-grown mirror and two searches never share one
+of usearch's per-thread search contexts.  Under the simulator everything runs inline and the
+lock is never contended.
+
 Trade-offs: ``f16`` halves memory at a recall cost too small to see with normalised vectors;
 the graph lives in process memory (about ``dimensions * 2 + 200`` bytes per item).
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy
@@ -65,6 +73,7 @@ class VectorIndex:
         self.fingerprint = fingerprint
         self.dtype = dtype
         self.high_water_sequence = 0
+        self._lock = threading.Lock()
         # A dense f16 mirror indexed by item id (ids are SQLite rowids, hence dense) for
         # exact search over small allowed sets: usearch's per-key ``get`` costs microseconds
         # per vector in Python, the mirror a fancy-indexing copy.
@@ -79,7 +88,8 @@ class VectorIndex:
         )
 
     def __len__(self) -> int:
-        return len(self._index)
+        with self._lock:
+            return len(self._index)
 
     @classmethod
     def load(cls, path: str, dimensions: int, fingerprint: str) -> VectorIndex | None:
@@ -128,16 +138,21 @@ class VectorIndex:
         which ``load`` and the catch-up treat as stale: never as truth.
         """
         temporary = path + ".tmp"
-        self._index.save(temporary)
+        with self._lock:
+            self._index.save(temporary)
+            state = VectorFileState(
+                self.fingerprint, self.dimensions, self.high_water_sequence, len(self._index)
+            )
         os.replace(temporary, path)
-        state = VectorFileState(
-            self.fingerprint, self.dimensions, self.high_water_sequence, len(self._index)
-        )
         with open(temporary + ".json", "w", encoding="utf-8") as sidecar:
             json.dump(state.__dict__, sidecar)
         os.replace(temporary + ".json", path + ".json")
 
     def upsert(self, ids: numpy.ndarray, vectors: numpy.ndarray) -> None:
+        with self._lock:
+            self._upsert_locked(ids, vectors)
+
+    def _upsert_locked(self, ids: numpy.ndarray, vectors: numpy.ndarray) -> None:
         keys = numpy.asarray(ids, dtype=numpy.uint64)
         if len(keys) == 0:
             return
@@ -155,19 +170,28 @@ class VectorIndex:
         self.high_water_sequence = max(self.high_water_sequence, sequence)
 
     def remove(self, ids: list[int]) -> None:
-        keys = [key for key in ids if self._index.contains(key)]
-        if keys:
-            self._index.remove(numpy.asarray(keys, dtype=numpy.uint64))
-            self._present[numpy.asarray(keys, dtype=numpy.int64)] = False
+        with self._lock:
+            keys = [key for key in ids if self._index.contains(key)]
+            if keys:
+                self._index.remove(numpy.asarray(keys, dtype=numpy.uint64))
+                self._present[numpy.asarray(keys, dtype=numpy.int64)] = False
 
     def contains(self, item_id: int) -> bool:
-        return self._index.contains(item_id)
+        with self._lock:
+            return self._index.contains(item_id)
 
     def search(
         self, query: numpy.ndarray, count: int, *, allowed: BitMap | None
     ) -> list[tuple[int, float]]:
-        """Up to ``count`` ``(id, cosine distance)`` pairs from ``allowed``, nearest first."""
+        """Up to ``count`` ``(id, cosine distance)`` pairs from ``allowed``, nearest first
+        (callable from a worker thread: see the module docstring)."""
         assert count > 0
+        with self._lock:
+            return self._search_locked(query, count, allowed)
+
+    def _search_locked(
+        self, query: numpy.ndarray, count: int, allowed: BitMap | None
+    ) -> list[tuple[int, float]]:
         size = len(self._index)
         if size == 0 or (allowed is not None and len(allowed) == 0):
             return []

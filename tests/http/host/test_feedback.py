@@ -1,11 +1,18 @@
 """POST /api/v1/feedback over real HTTP: idempotent strengthening (a retry never
 strengthens twice), recalls owned by their token (403), valid 24 hours on the test clock
 (400 after), memory ids outside the recall (400), deleted memories (404), unknown recalls
-(404), and nothing changed by a refused request."""
+(404), nothing changed by a refused request, and expired recalls swept a week after expiry
+(bounded per recall written)."""
 
 from __future__ import annotations
 
 import pytest
+
+from troupe.actors.host._recall import (
+    recall_kept_after_expiry_seconds,
+    recall_sweep_rows_max,
+    recall_valid_seconds,
+)
 
 from ._memory_helpers import delete, fields_of, remember
 from .test_checks import assert_error
@@ -94,3 +101,27 @@ async def test_memories_outside_the_recall_and_deleted_ones(host, secret):
                      {"recall_id": recall_id, "memory_ids": list(range(1001))}):
             assert_error(await client.post(path, json=body), 400, "invalid_request")
     assert await strength(host, recalled) == 0  # every refusal changed nothing
+
+
+async def test_recalls_are_swept_a_week_after_they_expire(host, secret):
+    memory_id = await remember(host, "看星星")
+    async with host.client(secret) as client:
+        old = [(await recall(client))[0] for _ in range(recall_sweep_rows_max + 2)]
+        host.clock.advance(recall_valid_seconds + recall_kept_after_expiry_seconds - 5)
+        recent, _ = await recall(client)
+        # Expired but within the week: still answers "expired", and still stored.
+        assert_error(await client.post(path, json={"recall_id": old[0], "memory_ids": [memory_id]}), 400, "recall_expired")
+        assert len(await host.rows("SELECT recall_id FROM host_recalls")) == len(old) + 1
+        host.clock.advance(10)
+        # Each recall written sweeps at most ``recall_sweep_rows_max`` of the oldest.
+        await recall(client)
+        assert len(await host.rows("SELECT recall_id FROM host_recalls")) == len(old) + 2 - recall_sweep_rows_max
+        await recall(client)
+        remaining = {row[0] for row in await host.rows("SELECT recall_id FROM host_recalls")}
+        assert recent in remaining and not remaining & set(old)
+        assert len(remaining) == 3
+        assert await host.rows("SELECT count(*) FROM host_recall_memories WHERE recall_id NOT IN "
+                               "(SELECT recall_id FROM host_recalls)") == [(0,)]
+        assert_error(await client.post(path, json={"recall_id": old[0], "memory_ids": [memory_id]}), 404, "recall_not_found")
+        ok = await client.post(path, json={"recall_id": recent, "memory_ids": [memory_id]})
+        assert ok.json()["strengthened"] == [memory_id]  # the sweep never touches a live recall

@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import trio
 
+from troupe.actors.host import forget_memories, host_memory_indexes
+from troupe.actors.host._prepare import _person_memory_ids
 from troupe.auth import TokenScope
 from troupe.models import Completion
 
 from ._host_harness import message
-from ._memory_helpers import fields_of, remember
+from ._memory_helpers import delete, fields_of, remember
 from .test_checks import assert_error
 
 entry = "astrbot:group-a"
@@ -239,3 +241,37 @@ async def test_judgment_applied_disabled_and_model_failures_become_hints(client,
     with trio.fail_after(4):
         slow = await client.post(path, json={**body, "judge_budget_seconds": 0.2})
     assert slow.status_code == 200 and slow.json()["judgment"]["reason"] == "timeout"
+
+
+async def test_memories_added_forgotten_or_deleted_after_a_prepare_are_seen_by_the_next(client, host):
+    def ids(document):
+        return [memory["id"] for memory in document["memories"]]
+
+    body = {"text": "星星", "participants": [], "judge": False}
+    first = await remember(host, "小林喜欢看星星")
+    assert ids((await client.post(path, json=body)).json()) == [first]
+    second = await remember(host, "阿明也数星星")
+    assert set(ids((await client.post(path, json=body)).json())) == {first, second}
+    index = await host_memory_indexes.index_for(host.engine, host.env.embedder)
+    await forget_memories(host.engine, index, [first])
+    assert ids((await client.post(path, json=body)).json()) == [second]
+    await delete(host, second)
+    assert ids((await client.post(path, json=body)).json()) == []
+    # Person highlights too: a new memory about a participant shows; a deleted one does not.
+    about = await remember(host, "阿明在学木工", people=["阿明"])
+    named = {"text": "", "participants": ["阿明"], "judge": False}
+    assert ids((await client.post(path, json=named)).json()) == [about]
+    await delete(host, about)
+    assert ids((await client.post(path, json=named)).json()) == []
+
+
+async def test_person_highlights_stop_once_enough_are_found(host):
+    for person, count in (("甲", 3), ("乙", 3), ("丙", 3)):
+        for number in range(count):
+            await remember(host, f"{person}的第{number}件事", people=[person, "共同"])
+    rows = await host.engine.read(lambda connection: _person_memory_ids(connection, ["甲", "共同", "乙", "丙"], 2, 4))
+    # 甲 gives 2; 共同 gives 2 more (distinct): 4 reached, 乙 and 丙 are never read.
+    assert len(rows) == 4 and len(set(rows)) == 4
+    duplicates = await host.engine.read(lambda connection: _person_memory_ids(connection, ["丙", "共同", "乙"], 2, 3))
+    # 共同's newest two are 丙's own: duplicates do not count towards the bound, so 乙 is read.
+    assert len(duplicates) == 6 and len(set(duplicates)) == 4

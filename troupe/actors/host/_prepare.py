@@ -2,8 +2,8 @@
 
 The eight sections and where each comes from today:
 
-- ``persona``: no persona store exists yet, so its fields are null (the section is kept so
-  hosts can rely on its shape);
+- ``persona``: the current version an operator set with ``troupe persona set`` (``_persona``);
+  its fields are null until one is set, so hosts can rely on the section's shape;
 - ``memories``: hybrid recall on the query (``relevant``), then memories about the
   participants (``person_highlight``), minus ``known_memory_ids``, forgotten and deleted ones,
   optionally judged by the model, then cut to ``memory_limit`` and ``token_budget`` (a memory
@@ -37,7 +37,9 @@ from troupe.models import ChatMessage, CompletionRequest
 from troupe.retrieval import MemoryIndex, RecallFilter
 
 from ._memories import MemoryRecord, TokenizedDatabase, load_memories, memory_tenant
+from ._persona import persona_section
 from ._recall import (
+    SourceLookup,
     current_state,
     learned_state,
     memory_document,
@@ -156,13 +158,23 @@ def participant_people(query: PrepareQuery, latest: Sequence[dict[str, Any]]) ->
     return list(dict.fromkeys(senders))
 
 
-def _person_memory_ids(connection: apsw.Connection, people: Sequence[str], per_person: int) -> list[int]:
+def _person_memory_ids(
+    connection: apsw.Connection, people: Sequence[str], per_person: int, total_max: int
+) -> list[int]:
+    """Each person's newest memories (at most ``per_person``), person by person, stopping
+    once ``total_max`` ids are found: prepare can use no more than that many (the rest would
+    be cut by ``memory_limit`` after known, duplicate and recalled ids are set aside)."""
     found: list[int] = []
+    distinct: set[int] = set()
     for person in people:
-        found.extend(row[0] for row in connection.execute(
+        if len(distinct) >= total_max:
+            break
+        rows = [row[0] for row in connection.execute(
             "SELECT p.memory_id FROM host_memory_people p JOIN host_memories m ON m.id = p.memory_id "
             "WHERE p.person = ? AND m.deleted_at IS NULL AND m.forgotten = 0 "
-            "ORDER BY p.memory_id DESC LIMIT ?", (person, per_person)))
+            "ORDER BY p.memory_id DESC LIMIT ?", (person, per_person))]
+        found.extend(rows)
+        distinct.update(rows)
     return found
 
 
@@ -228,27 +240,12 @@ def within_budget(records: Sequence[MemoryRecord], memory_limit: int, token_budg
     return chosen
 
 
-async def prepare_entry(
-    engine: Any, index: MemoryIndex, model: Any, grant: TokenGrant, entry_id: str, query: PrepareQuery,
-    *, recall_id: str, now: float,
-) -> dict[str, Any]:
-    """The prepare answer for ``entry_id`` (already scope-checked), recall recorded first."""
-    database = TokenizedDatabase(engine)
-    context = await database.read(lambda connection: _read_context(connection, entry_id, query))
-    text = auto_query_text(context.latest) if query.text is None else query.text.strip()
-    hints: list[dict[str, Any]] = []
-    candidates: list[int] = []
-    if text and query.memory_limit > 0:
-        recall_filter = RecallFilter(memory_tenant, viewer=entry_id)
-        wanted = query.memory_limit + len(query.known_memory_ids)
-        candidates, degraded = await recall_memory_ids(index, text, recall_filter, wanted)
-        if degraded:
-            hints.append(dict(recall_degraded_hint))
-    people = participant_people(query, context.latest) if query.memory_limit > 0 else []
-    highlights = await database.read(
-        lambda connection: _person_memory_ids(connection, people, query.memory_limit + len(query.known_memory_ids))
-    )
-    records = await database.read(lambda connection: load_memories(connection, [*candidates, *highlights]))
+def _ordered_memories(
+    connection: apsw.Connection, candidates: Sequence[int], highlights: Sequence[int], query: PrepareQuery
+) -> list[tuple[MemoryRecord, str]]:
+    """The usable memories in answer order (recalled, then person highlights), each once,
+    cut to ``memory_limit``."""
+    records = load_memories(connection, [*dict.fromkeys([*candidates, *highlights])])
     ordered: list[tuple[MemoryRecord, str]] = []
     seen: set[int] = set()
     for memory_id, reason in [*((i, "relevant") for i in candidates), *((i, "person_highlight") for i in highlights)]:
@@ -257,7 +254,64 @@ async def prepare_entry(
             continue
         seen.add(memory_id)
         ordered.append((record, reason))  # type: ignore[arg-type]
-    ordered = ordered[:query.memory_limit]
+    return ordered[:query.memory_limit]
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """Everything prepare shows besides the recall, read in one snapshot."""
+
+    ordered: list[tuple[MemoryRecord, str]]
+    lookup: SourceLookup
+    pending: dict[str, Any] | None
+    state: dict[str, Any]
+    persona: dict[str, Any]
+
+
+async def prepare_entry(
+    engine: Any, index: MemoryIndex, model: Any, grant: TokenGrant, entry_id: str, query: PrepareQuery,
+    *, recall_id: str, now: float,
+) -> dict[str, Any]:
+    """The prepare answer for ``entry_id`` (already scope-checked), recall recorded first.
+
+    Three storage jobs besides the index's own read: the entry's context (and the person
+    highlights it implies), then the chosen memories with their sources, the pending hint,
+    the state and the persona, then the write, which holds only the recall record (plus a bounded sweep of
+    expired ones): the write goes through the single writer and its group commit, so nothing
+    that can be read elsewhere rides on it."""
+    database = TokenizedDatabase(engine)
+    wanted = query.memory_limit + len(query.known_memory_ids)
+
+    def read_context(connection: apsw.Connection) -> tuple[_Context, list[int]]:
+        context = _read_context(connection, entry_id, query)
+        people = participant_people(query, context.latest) if query.memory_limit > 0 else []
+        # Recall returns at most ``min(wanted, recall_fetch_limit)`` ids, each of which may
+        # hide one highlight as a duplicate.
+        highlights_max = wanted + min(wanted, recall_fetch_limit)
+        return context, _person_memory_ids(connection, people, wanted, highlights_max)
+
+    context, highlights = await database.read(read_context)
+    text = auto_query_text(context.latest) if query.text is None else query.text.strip()
+    hints: list[dict[str, Any]] = []
+    candidates: list[int] = []
+    if text and query.memory_limit > 0:
+        recall_filter = RecallFilter(memory_tenant, viewer=entry_id)
+        candidates, degraded = await recall_memory_ids(index, text, recall_filter, wanted)
+        if degraded:
+            hints.append(dict(recall_degraded_hint))
+
+    def read_shown(connection: apsw.Connection) -> _Shown:
+        ordered = _ordered_memories(connection, candidates, highlights, query)
+        return _Shown(
+            ordered,
+            source_lookup(connection, [record for record, _ in ordered]),
+            other_entries_pending(connection, grant.scope, entry_id),
+            current_state(connection, grant.scope, now),
+            persona_section(connection, now),
+        )
+
+    shown = await database.read(read_shown)
+    ordered = shown.ordered
     if query.judge:
         context_text = auto_query_text(context.latest) or text
         kept, judgment, hint = await judge_memories(
@@ -270,25 +324,21 @@ async def prepare_entry(
         judgment = {"status": "disabled"}
     reasons = {record.id: reason for record, reason in ordered}
     chosen = within_budget([record for record, _ in ordered], query.memory_limit, query.token_budget)
-
-    def write(connection: apsw.Connection) -> dict[str, Any]:
-        lookup = source_lookup(connection, chosen)
-        record_recall(connection, recall_id, grant, entry_id, [record.id for record in chosen], now)
-        pending = other_entries_pending(connection, grant.scope, entry_id)
-        return {
-            "persona": {"text": None, "version": None, "updated_at": None},
-            "memories": [memory_document(record, reasons[record.id], grant.scope, lookup) for record in chosen],
-            "recent_messages": context.recent,
-            "state": current_state(connection, grant.scope, now),
-            "goals": [],
-            "hints": [*hints, *([pending] if pending else [])],
-            "entry_profile": None,
-            "people": [],
-            "judgment": judgment,
-            "recall_id": recall_id,
-        }
-
-    return await database.write(write)
+    chosen_ids = [record.id for record in chosen]
+    # Durable before the reply: feedback checks against exactly this record.
+    await engine.write(lambda connection: record_recall(connection, recall_id, grant, entry_id, chosen_ids, now))
+    return {
+        "persona": shown.persona,
+        "memories": [memory_document(record, reasons[record.id], grant.scope, shown.lookup) for record in chosen],
+        "recent_messages": context.recent,
+        "state": shown.state,
+        "goals": [],
+        "hints": [*hints, *([shown.pending] if shown.pending else [])],
+        "entry_profile": None,
+        "people": [],
+        "judgment": judgment,
+        "recall_id": recall_id,
+    }
 
 
 __all__ = [

@@ -9,7 +9,9 @@ is unchanged); the ``other_entries_pending`` hint reveals counts and UTC bounds 
 
 These are plain async functions over the engine and the shared ``MemoryIndex`` rather than an
 actor: they read, and their one write (the recall record) is an insert of a fresh id that no
-other writer touches.  Feedback's idempotence lives in its SQL (``_feedback``), which the
+other writer touches.  Everything they show is read outside that write, so the job that waits
+for the group commit stays small; it also deletes a few recalls that expired more than a week
+ago (``sweep_expired_recalls``), so the table stays bounded without a timer of its own.  Feedback's idempotence lives in its SQL (``_feedback``), which the
 engine's single writer serialises.
 
 Search without text lists memories by the filters, newest occurred first; with text it recalls
@@ -35,6 +37,12 @@ from ._state import load_state, state_document
 
 recall_valid_seconds = 24 * 3600.0
 """A recall id accepts feedback for 24 hours (the contract)."""
+recall_kept_after_expiry_seconds = 7 * 24 * 3600.0
+"""An expired recall is kept this long so that feedback on it still answers 400
+``recall_expired``; after that it is deleted and feedback on it answers 404."""
+recall_sweep_rows_max = 16
+"""Oldest recalls examined (and at most deleted) per recall written: each new recall pays for
+the cleanup of up to this many old ones, so the table stays bounded with no separate task."""
 recall_fetch_limit = 200
 """Candidates fetched from the index before the facets it does not hold filter them."""
 search_limit_default = 8
@@ -124,6 +132,27 @@ def record_recall(
         "INSERT INTO host_recall_memories (recall_id, memory_id, position) VALUES (?, ?, ?)",
         [(recall_id, memory_id, position) for position, memory_id in enumerate(memory_ids)],
     )
+    sweep_expired_recalls(connection, now)
+
+
+def sweep_expired_recalls(connection: apsw.Connection, now: float, rows_max: int = recall_sweep_rows_max) -> int:
+    """Deletes recalls (and their memory rows) expired more than
+    ``recall_kept_after_expiry_seconds`` ago among the ``rows_max`` lowest recall ids; returns
+    how many were deleted.
+
+    Recall ids grow with creation (the Env's ids lead with the time or a counter), so the
+    lowest ids are the oldest recalls and this walks a few rows of the primary key instead of
+    scanning the table.  A row that is not yet deletable (a wall clock that stepped back)
+    only delays the ones behind it until it expires in turn."""
+    cutoff = now - recall_kept_after_expiry_seconds
+    expired = [recall_id for recall_id, expires_at in connection.execute(
+        "SELECT recall_id, expires_at FROM host_recalls ORDER BY recall_id LIMIT ?", (rows_max,))
+        if expires_at < cutoff]
+    if expired:
+        marks = ", ".join("?" for _ in expired)
+        connection.execute(f"DELETE FROM host_recall_memories WHERE recall_id IN ({marks})", expired)
+        connection.execute(f"DELETE FROM host_recalls WHERE recall_id IN ({marks})", expired)
+    return len(expired)
 
 
 def other_entries_pending(connection: apsw.Connection, scope: TokenScope, entry_id: str | None) -> dict | None:
@@ -244,24 +273,28 @@ async def search_memories(
     else:
         candidates = await database.read(lambda connection: _listed_ids(connection, query))
 
-    def write(connection: apsw.Connection) -> dict[str, Any]:
+    def read(connection: apsw.Connection) -> tuple[list[MemoryRecord], SourceLookup, dict[str, Any] | None]:
         records = load_memories(connection, candidates)
         chosen = [records[memory_id] for memory_id in candidates
                   if memory_id in records and _admits(records[memory_id], query)][:query.limit]
-        lookup = source_lookup(connection, chosen)
-        record_recall(connection, recall_id, grant, query.entry_id, [record.id for record in chosen], now)
-        document: dict[str, Any] = {
-            "memories": [memory_document(record, "relevant", grant.scope, lookup) for record in chosen],
-            "hints": hints,
-            "recall_id": recall_id,
-        }
-        if query.include_goals:
-            document["goals"] = []
-        if query.include_state:
-            document["state"] = current_state(connection, grant.scope, now)
-        return document
+        state = current_state(connection, grant.scope, now) if query.include_state else None
+        return chosen, source_lookup(connection, chosen), state
 
-    return await database.write(write)
+    chosen, lookup, state = await database.read(read)
+    chosen_ids = [record.id for record in chosen]
+    # Only the recall record goes through the writer, and it is durable before the reply.
+    await engine.write(
+        lambda connection: record_recall(connection, recall_id, grant, query.entry_id, chosen_ids, now))
+    document: dict[str, Any] = {
+        "memories": [memory_document(record, "relevant", grant.scope, lookup) for record in chosen],
+        "hints": hints,
+        "recall_id": recall_id,
+    }
+    if query.include_goals:
+        document["goals"] = []
+    if state is not None:
+        document["state"] = state
+    return document
 
 
 __all__ = [
@@ -274,13 +307,16 @@ __all__ = [
     "recall_fetch_limit",
     "recall_id_prefix",
     "recall_degraded_hint",
+    "recall_kept_after_expiry_seconds",
     "recall_memory_ids",
+    "recall_sweep_rows_max",
     "recall_valid_seconds",
     "record_recall",
     "search_limit_default",
     "search_limit_max",
     "search_memories",
     "source_lookup",
+    "sweep_expired_recalls",
     "unlearned_states",
     "utc_text",
 ]
