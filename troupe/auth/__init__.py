@@ -19,6 +19,7 @@ from ._entry_ids import (
     entry_prefix_problem,
 )
 from ._exceptions import AuthError, InvalidScope, InvalidTokenName, TokenNameTaken, UnknownToken
+from ._lookups import TokenLookups, secrets_per_round_max
 from ._rate import (
     RateBuckets,
     burst_default,
@@ -48,6 +49,7 @@ __all__ = [
     "RateBuckets",
     "TokenGrant",
     "TokenNameTaken",
+    "TokenLookups",
     "TokenRecord",
     "TokenScope",
     "UnknownToken",
@@ -68,6 +70,7 @@ __all__ = [
     "run_token_command",
     "scope_entries_max",
     "secret_digest",
+    "secrets_per_round_max",
     "token_create",
     "token_list",
     "token_lookup",

@@ -4,8 +4,9 @@ A token is a high-entropy secret (32 bytes from ``Env.random``, which is the OS'
 source in production) shown once at creation; only its SHA-256 is stored.  Looking a token up
 is one indexed read of the committed table, done on every request: that read *is* the
 revocation check, so a ``troupe token revoke`` from another process takes effect on the very
-next request without any cache to invalidate.  Trade-off: one small read per request (cheap
-next to the request's own work) instead of an in-memory table that could go stale.
+next request without any cache to invalidate.  Trade-off: a read per request instead of an
+in-memory table that could go stale; ``TokenLookups`` (``_lookups``) lets concurrent requests
+share that read without weakening the guarantee.
 
 The functions taking a connection are synchronous and run inside the engine's read or write
 jobs; ``authenticate`` is the async helper surfaces call.

@@ -5,6 +5,8 @@ entry scope (403), and only then the body.  The shared ``HostCheck`` runs first 
 gate); everything after it happens here, at the ASGI layer, so that no framework code and no
 body read happens for a request that will be refused, and so that the body limit can be chosen
 per route (the shared ``BodyLimit``, one instance per limit, counts while streaming).
+Token lookups go through ``TokenLookups``: concurrent requests share one read (still one
+taken after each of them arrived, so a CLI revocation holds from the next request on).
 
 ``HostGate`` hands what it learned to the app in the ASGI scope under ``admission_key``
 (a ``GateAdmission``: the token grant and the checked entry id), so handlers never parse the
@@ -31,7 +33,7 @@ import trio
 from troupe.auth import (
     RateBuckets,
     TokenGrant,
-    authenticate,
+    TokenLookups,
     bearer_secret,
     entry_id_problem,
     host_audience,
@@ -122,6 +124,7 @@ class HostGate:
         self.rate_buckets = rate_buckets
         self.wall = wall
         self.audience = audience
+        self.token_lookups = TokenLookups(engine, audience=audience)
         self._limited = {
             limit: BodyLimit(app, request_body_bytes_max=limit, envelope=host_error_envelope)
             for limit in body_limits
@@ -146,7 +149,7 @@ class HostGate:
             return self._retry_refusal(503, code_unavailable, retry_after_seconds_unknown)
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
         try:
-            grant = await authenticate(self.engine, bearer_secret(values), audience=self.audience)
+            grant = await self.token_lookups.authenticate(bearer_secret(values))
         except StorageError:
             return self._retry_refusal(503, code_unavailable, retry_after_seconds_unknown)
         if grant is None:

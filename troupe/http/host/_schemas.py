@@ -9,6 +9,13 @@ or ``body[3].content`` (an array).  A batch with any problem is refused whole.
 
 Unknown request fields are ignored (compatible additions; an old ``host`` field never
 overrides the token's name).  Models are strict: no silent coercion of numbers to strings.
+
+Why a second, hand-written validator: pydantic cost about 8 µs per message (a third of a
+100-message batch's time in the event loop).  ``_plain_message`` accepts only the plain case
+(every field of the right type and length, a named pace at most) and builds exactly the
+``NewMessage`` the model would; anything else, valid or not, goes through pydantic, so every
+error message and field path still comes from the model (``tests/http/host`` pin them and
+a test checks that both agree).
 """
 
 from __future__ import annotations
@@ -216,6 +223,82 @@ def _chinese(error: Any) -> str:
     return str(error["msg"])
 
 
+_plain_fields: tuple[tuple[str, int], ...] = (
+    ("account_id", name_characters_max),
+    ("quote_author", name_characters_max),
+    ("quote_author_account_id", name_characters_max),
+    ("quote_content", quote_content_characters_max),
+    ("scene_identity", name_characters_max),
+    ("platform", short_characters_max),
+    ("entry_name", name_characters_max),
+    ("entry_kind", short_characters_max),
+)
+"""Optional text fields and their character limits, as ``MessageIn`` declares them."""
+
+_message_kind_set = frozenset(message_kinds)
+
+
+def _plain_text(value: Any, characters_max: int) -> bool:
+    """A str within the limit that pydantic would take (it refuses lone surrogates)."""
+    if type(value) is not str or len(value) > characters_max:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain_message(item: Any) -> NewMessage | None:
+    """The message ``MessageIn`` would make of ``item`` when ``item`` is the plain case, else
+    None (then pydantic decides, and reports any problem)."""
+    if type(item) is not dict:
+        return None
+    sender, content = item.get("sender"), item.get("content")
+    occurred_at, dedupe_key = item.get("occurred_at"), item.get("dedupe_key")
+    if not (
+        _plain_text(sender, name_characters_max)
+        and _plain_text(content, len(content) if type(content) is str else 0)
+        and _plain_text(occurred_at, short_characters_max)
+        and _plain_text(dedupe_key, dedupe_key_characters_max)
+        and dedupe_key
+    ):
+        return None
+    optional: dict[str, Any] = {}
+    for name, characters_max in _plain_fields:
+        value = item.get(name)
+        if value is not None and not _plain_text(value, characters_max):
+            return None
+        optional[name] = value
+    kind = item.get("kind", "message")
+    if type(kind) is not str or kind not in _message_kind_set:
+        return None
+    media_ids = item.get("media_ids", [])
+    if type(media_ids) is not list:
+        return None
+    if media_ids:
+        if not all(_plain_text(media_id, media_id_characters_max) and media_id for media_id in media_ids):
+            return None
+        if len(media_ids) > media_ids_max or len(set(media_ids)) != len(media_ids):
+            return None
+    pace = item.get("pace")
+    if pace is not None:
+        if type(pace) is not str or pace not in named_paces:
+            return None
+        pace = named_paces[pace]
+    try:
+        moment = parse_aware_time(occurred_at)
+    except ValueError:
+        return None
+    return NewMessage(
+        dedupe_key=dedupe_key, sender=sender, content=content,
+        occurred_at=moment.isoformat(), occurred_at_seconds=moment.timestamp(),
+        kind=kind, media_ids=tuple(media_ids), pace=pace, **optional,
+    )
+
+
 def _byte_problems(base: str, item: Any) -> list[FieldProblem]:
     problems = []
     if isinstance(item, dict):
@@ -244,6 +327,10 @@ def parse_message_batch(document: Any) -> list[NewMessage]:
     problems: list[FieldProblem] = []
     messages: list[NewMessage] = []
     for base, item in items:
+        plain = _plain_message(item)
+        if plain is not None:
+            messages.append(plain)
+            continue
         try:
             model = _message_adapter.validate_python(item)
         except ValidationError as exc:
