@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 
+import trio
+
 from troupe.models import (
     ChatMessage,
     CompletionRequest,
+    CpuBoundModel,
     Fact,
     LocalModel,
     Model,
@@ -124,3 +127,14 @@ async def test_stream_joins_to_the_completion():
     assert received[-1].finish_reason == "stop"
     assert received[-1].usage == completion.usage
     assert len(received) > 2
+
+
+async def test_complete_sync_is_the_same_answer_from_any_thread():
+    model = LocalModel()
+    assert isinstance(model, CpuBoundModel)
+    requests = [user_request(conversation, system="extract facts"), user_request(conversation, system="summarise"),
+                CompletionRequest((ChatMessage("user", conversation),), response_format="json")]
+    for request in requests:
+        expected = await model.complete(request)
+        assert model.complete_sync(request) == expected
+        assert await trio.to_thread.run_sync(model.complete_sync, request) == expected

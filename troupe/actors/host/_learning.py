@@ -12,7 +12,11 @@ One batch, step by step (``_run_batch``):
 1. claim it (``running``, attempts + 1);
 2. understand the batch's images, then build the material: each message's sender, occurred
    time, text and quote, and its media as text (``_understand_images``, below);
-3. ask the model (JSON mode) for memories, bounded by ``model_call_timeout_seconds``;
+3. ask the model (JSON mode) for memories, bounded by ``model_call_timeout_seconds``; a
+   ``CpuBoundModel`` (the LocalModel) answers in the Env executor, with the composing of the
+   request and the reading of its answer, in one hop (``_learn_sync``): a 100-message batch is
+   milliseconds of regex work that would otherwise run on the event loop beside intake
+   (a worker thread in production; inline, hence deterministic, in the simulator);
 4. store the memories and mark the batch ``succeeded`` (messages ``learned``) in one
    transaction (``store_memories``' ``in_transaction``).
 
@@ -57,7 +61,9 @@ import trio
 
 from troupe.models import (
     ChatMessage,
+    Completion,
     CompletionRequest,
+    CpuBoundModel,
     LocalModel,
     ModelError,
     ModelRefused,
@@ -218,7 +224,7 @@ class LearnerActor(Actor):
         started = clock.monotonic()
         try:
             with trio.fail_after(model_call_timeout_seconds):
-                completion = await self.model.complete(learning_request(material))
+                completion, memories = await self._complete(material, batch.entry_id)
         except (ModelError, trio.TooSlowError) as error:
             seconds = clock.monotonic() - started
             return await self._failed(batch, error, seconds)
@@ -227,7 +233,6 @@ class LearnerActor(Actor):
             await self._finish(batch, batch_state_refused, {"memory_ids": [], "memories_created": 0},
                                "content_filter", seconds, "refused")
             return None
-        memories = memories_from(completion.text, material, batch.entry_id)
         now = clock.wall()
 
         def in_transaction(connection: apsw.Connection, memory_ids: list[int]) -> None:
@@ -240,6 +245,15 @@ class LearnerActor(Actor):
             await self.context.storage.write(lambda connection: in_transaction(connection, []))
         self.context.trace("batch_finished", batch=batch.batch_id, state=batch_state_succeeded)
         return None
+
+    async def _complete(self, material: list[MaterialMessage], entry_id: str) -> tuple[Completion, list[NewMemory]]:
+        """The model's answer to the material and the memories read from it (step 3)."""
+        if isinstance(self.model, CpuBoundModel):
+            # The checkpoint LocalModel.complete takes, so the simulator's schedule is unchanged.
+            await trio.lowlevel.checkpoint()
+            return await self.context.env.executor.run_sync(_learn_sync, self.model, material, entry_id)
+        completion = await self.model.complete(learning_request(material))
+        return completion, memories_from(completion.text, material, entry_id)
 
     async def _failed(self, batch: ClaimedBatch, error: BaseException, seconds: float) -> float | None:
         """Releases the batch (with the reminder that retries it, in one transaction) and
@@ -454,6 +468,13 @@ def learning_request(material: Sequence[MaterialMessage]) -> CompletionRequest:
         response_format="json",
         max_output_tokens=4096,
     )
+
+
+def _learn_sync(model: CpuBoundModel, material: Sequence[MaterialMessage],
+                entry_id: str) -> tuple[Completion, list[NewMemory]]:
+    """Step 3 for a CpuBoundModel, run by the Env executor: pure, so safe in a worker thread."""
+    completion = model.complete_sync(learning_request(material))
+    return completion, memories_from(completion.text, material, entry_id)
 
 
 def memories_from(text: str, material: Sequence[MaterialMessage], entry_id: str) -> list[NewMemory]:
