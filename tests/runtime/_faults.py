@@ -1,5 +1,5 @@
 """Helpers shared by the fault-point and planted-bug tests: a scripted ``FaultPoints``, a
-counter actor with a durable stand-in store, and trace reading."""
+counter actor with a durable stand-in store, a timer actor, and trace reading."""
 
 from __future__ import annotations
 
@@ -96,6 +96,19 @@ def events(tracer: Tracer, name: str | None = None) -> list[list]:
     """Decoded records ``[seq, time, event, kind, key, fields]``, optionally of one kind."""
     records = read_trace(b"".join(tracer.records))
     return [record for record in records if name is None or record[2] == name]
+
+
+class Ticker(Actor):
+    """Arms a 5-second timer on ``"arm"`` and records the mock time of every tick in ``fired``
+    (reset it per test); shared so the fault-point and planted-bug timer tests watch one actor."""
+
+    fired: list = []
+
+    async def receive(self, message):
+        if message == "arm":
+            self.context.start_timer("t", 5, "tick")
+        else:
+            Ticker.fired.append(trio.current_time())
 
 
 class Alarm(Actor):

@@ -9,7 +9,6 @@ import trio
 
 import troupe.runtime
 from troupe.runtime import (
-    Actor,
     ActorCrashed,
     ActorKind,
     ChildSpec,
@@ -33,6 +32,7 @@ from ._faults import (
     Get,
     ScriptedFaultPoints,
     Store,
+    Ticker,
     counter_kind,
     events,
     start_alarm_system,
@@ -197,16 +197,6 @@ async def test_mailbox_full_answers_overloaded(env, autojump_clock):
         assert await ref.ask(Add(2)) == 2
         assert system.statistics()["counter"].overloaded == 1
     assert events(tracer, "overloaded")[0][3:] == ["counter", "a", {"id": "t"}]
-
-
-class Ticker(Actor):
-    fired: list = []
-
-    async def receive(self, message):
-        if message == "arm":
-            self.context.start_timer("t", 5, "tick")
-        else:
-            Ticker.fired.append(trio.current_time())
 
 
 async def test_timer_late_delivers_late(env, autojump_clock):

@@ -25,6 +25,7 @@ from ._faults import (
     Get,
     ScriptedFaultPoints,
     Store,
+    Ticker,
     counter_kind,
     start_alarm_system,
 )
@@ -132,16 +133,6 @@ async def test_reminder_lost_on_crash(env, autojump_clock, planted):
         assert [entry[1] for entry in Alarm.fired] == ([] if planted else ["wake"])
         assert await engine.read(lambda connection: reminders_for(connection, "alarm", "a")) == []
         nursery.cancel_scope.cancel()
-
-
-class Ticker(Actor):
-    fired: list = []
-
-    async def receive(self, message):
-        if message == "arm":
-            self.context.start_timer("t", 5, "tick")
-        else:
-            Ticker.fired.append(trio.current_time())
 
 
 @both

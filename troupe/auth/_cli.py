@@ -3,7 +3,8 @@
 The commands open the same database file as ``troupe serve`` (same data-directory rules:
 ``--data-dir`` > ``TROUPE_DATA_DIR`` > ``troupe.toml`` > ``./troupe-data``) through the storage
 engine, so they work while the server runs: SQLite's WAL lets the CLI commit beside the
-server, and the server's next token lookup sees the commit.
+server, and the server's next token lookup sees the commit.  That plumbing is
+``troupe._cli_storage``, shared with ``troupe persona``.
 
 ``create`` prints the secret once, alone on the last line of its output (scripts read it from
 there; keep this stable).  Exit codes: 0 done, 1 refused (name taken, unknown name, bad scope,
@@ -13,25 +14,19 @@ storage error), 2 configuration error.
 from __future__ import annotations
 
 import argparse
-import datetime
-import sys
-from collections.abc import Callable
 from typing import Any
 
-import trio
-
-from troupe._config import ConfigError, load_serve_options
-from troupe.runtime import real_env
-from troupe.storage import StorageError, open_engine
+from troupe._cli_storage import (
+    StorageJob,
+    add_data_dir_arguments,
+    run_storage_command,
+    utc_timestamp_text,
+)
 
 from ._exceptions import AuthError
 from ._schema import auth_migrations
 from ._scope import TokenScope
 from ._tokens import new_token_secret, token_create, token_list, token_revoke
-
-exit_code_ok = 0
-exit_code_refused = 1
-exit_code_config = 2
 
 
 def add_token_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,12 +34,8 @@ def add_token_commands(subparsers: Any) -> argparse.ArgumentParser:
     token = subparsers.add_parser("token", help="manage host bearer tokens")
     commands = token.add_subparsers(dest="token_command", required=True)
 
-    def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
-        parser.add_argument("--config", default=None, help="troupe.toml to read")
-
     create = commands.add_parser("create", help="create a token; prints the secret once, on the last line")
-    common(create)
+    add_data_dir_arguments(create)
     create.add_argument("--name", required=True, help="the token's name (recorded as the source of its operations)")
     scope = create.add_mutually_exclusive_group(required=True)
     scope.add_argument("--scope", choices=["all"], help="grant every entry")
@@ -52,10 +43,10 @@ def add_token_commands(subparsers: Any) -> argparse.ArgumentParser:
     scope.add_argument("--prefix", metavar="PREFIX", help="grant entry ids starting with PREFIX (%% and _ are literal)")
 
     listing = commands.add_parser("list", help="list tokens (never their secrets)")
-    common(listing)
+    add_data_dir_arguments(listing)
 
     revoke = commands.add_parser("revoke", help="revoke a token by name (effective on its next request)")
-    common(revoke)
+    add_data_dir_arguments(revoke)
     revoke.add_argument("name")
     return token
 
@@ -66,30 +57,6 @@ def _scope_of(arguments: Any) -> TokenScope:
     if getattr(arguments, "prefix", None) is not None:
         return TokenScope.of_prefix(arguments.prefix)
     return TokenScope.all()
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(timespec="seconds")
-
-
-async def _with_engine(data_dir: str, job: Callable[[Any, Any], Any]) -> Any:
-    """Run ``job(env, engine)``; a refusal is returned (not raised) so that it does not come
-    out of the engine's nursery wrapped in an exception group."""
-    env = real_env(data_dir)
-    async with open_engine(env, migrations=auth_migrations) as engine:
-        try:
-            return await job(env, engine)
-        except (AuthError, StorageError) as exc:
-            return exc
-
-
-def _refusal(error: BaseException) -> BaseException | None:
-    """The refusal inside ``error`` (possibly an exception group), or None if it is a bug."""
-    if isinstance(error, AuthError | StorageError):
-        return error
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _refusal(error.exceptions[0])
-    return None
 
 
 async def _create(env: Any, engine: Any, arguments: Any, scope: TokenScope) -> list[str]:
@@ -109,8 +76,8 @@ async def _list(env: Any, engine: Any) -> list[str]:
     records = await engine.read(lambda connection: token_list(connection))
     lines = ["name\tstate\tcreated_at\tscope"]
     for record in records:
-        state = "active" if record.active else f"revoked {_timestamp(record.revoked_at or 0)}"
-        lines.append(f"{record.name}\t{state}\t{_timestamp(record.created_at)}\t{record.scope.describe()}")
+        state = "active" if record.active else f"revoked {utc_timestamp_text(record.revoked_at or 0)}"
+        lines.append(f"{record.name}\t{state}\t{utc_timestamp_text(record.created_at)}\t{record.scope.describe()}")
     return lines
 
 
@@ -124,37 +91,25 @@ def run_token_command(arguments: Any) -> int:
     """Run ``troupe token ...`` with parsed ``arguments``; returns the exit code.
 
     Must not be called from inside a running trio loop (it runs its own)."""
-    try:
-        data_dir = load_serve_options(arguments).data_dir
-    except ConfigError as exc:
-        _note(str(exc))
-        return exit_code_config
+    return run_storage_command(
+        arguments,
+        command_name="token",
+        migrations=auth_migrations,
+        refusals=(AuthError,),
+        prepare_job=lambda: _token_job(arguments),
+    )
+
+
+def _token_job(arguments: Any) -> StorageJob:
     command = arguments.token_command
-    try:
-        if command == "create":
-            scope = _scope_of(arguments)
-            lines = trio.run(_with_engine, data_dir, lambda env, engine: _create(env, engine, arguments, scope))
-        elif command == "list":
-            lines = trio.run(_with_engine, data_dir, _list)
-        elif command == "revoke":
-            lines = trio.run(_with_engine, data_dir, lambda env, engine: _revoke(env, engine, arguments.name))
-        else:
-            raise AssertionError(f"unknown token command {command!r}")
-    except (AuthError, StorageError, BaseExceptionGroup) as exc:
-        refusal = _refusal(exc)
-        if refusal is None:
-            raise
-        lines = refusal
-    if isinstance(lines, BaseException):
-        _note(str(lines))
-        return exit_code_refused
-    for line in lines:
-        print(line, flush=True)
-    return exit_code_ok
-
-
-def _note(line: str) -> None:
-    print(f"troupe token: {line}", file=sys.stderr, flush=True)
+    if command == "create":
+        scope = _scope_of(arguments)
+        return lambda env, engine: _create(env, engine, arguments, scope)
+    if command == "list":
+        return _list
+    if command == "revoke":
+        return lambda env, engine: _revoke(env, engine, arguments.name)
+    raise AssertionError(f"unknown token command {command!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

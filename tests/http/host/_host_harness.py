@@ -10,7 +10,12 @@ from typing import Any
 import httpx
 import trio
 
-from tests.http._harness import start_hypercorn
+from tests.http._harness import (
+    UploadOutcome,
+    UploadProgress,
+    start_hypercorn,
+    upload_over_raw_socket,
+)
 from troupe.auth import TokenScope, new_token_secret, token_create, token_revoke
 from troupe.http.host import HostAppDependencies, create_host_app, host_surface
 from troupe.runtime import ActorSystem, real_env
@@ -103,17 +108,6 @@ def message(dedupe_key: str, **fields: Any) -> dict[str, Any]:
     return document
 
 
-@dataclass
-class RawOutcome:
-    response: bytes
-    body_bytes_sent: int
-    closed_by_server: bool
-
-    @property
-    def status(self) -> int:
-        return int(self.response.split(b" ", 2)[1])
-
-
 async def raw_upload(
     port: int,
     path: str,
@@ -123,51 +117,26 @@ async def raw_upload(
     chunked: bool,
     declared_bytes: int | None = None,
     chunk_bytes: int = 256 * 1024,
-) -> RawOutcome:
+) -> UploadOutcome:
     """POST ``body_bytes`` of filler (chunked, or with ``Content-Length: declared_bytes``) over a
     raw socket, reading the response concurrently; ends when the server closes or the body is
     all sent and the response has arrived."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
     lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
     lines.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {declared_bytes or body_bytes}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    response = bytearray()
-    sent = 0
-    closed = False
-    async with stream, trio.open_nursery() as nursery:
 
-        async def read() -> None:
-            nonlocal closed
-            while True:
-                try:
-                    data = await stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    data = b""
-                if not data:
-                    closed = True
-                    nursery.cancel_scope.cancel()
-                    return
-                response.extend(data)
+    async def send_body(stream: trio.SocketStream, progress: UploadProgress) -> None:
+        await stream.send_all(head)
+        while progress.body_bytes_sent < body_bytes:
+            size = min(chunk_bytes, body_bytes - progress.body_bytes_sent)
+            chunk = b"x" * size
+            await stream.send_all(b"%x\r\n" % size + chunk + b"\r\n" if chunked else chunk)
+            progress.body_bytes_sent += size
+        if chunked:
+            await stream.send_all(b"0\r\n\r\n")
+        with trio.move_on_after(10):
+            while b"\r\n\r\n" not in progress.response:
+                await trio.sleep(0.01)
 
-        async def write() -> None:
-            nonlocal sent
-            try:
-                await stream.send_all(head)
-                while sent < body_bytes:
-                    size = min(chunk_bytes, body_bytes - sent)
-                    chunk = b"x" * size
-                    await stream.send_all(b"%x\r\n" % size + chunk + b"\r\n" if chunked else chunk)
-                    sent += size
-                if chunked:
-                    await stream.send_all(b"0\r\n\r\n")
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            with trio.move_on_after(10):
-                while b"\r\n\r\n" not in response:
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(read)
-        nursery.start_soon(write)
-    return RawOutcome(bytes(response), sent, closed)
+    return await upload_over_raw_socket(port, send_body)

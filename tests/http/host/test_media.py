@@ -52,13 +52,6 @@ async def host(nursery, tmp_path):
     return await start_host_server(nursery, str(tmp_path / "data"))
 
 
-@pytest.fixture
-async def client(host):
-    secret = await host.token("astrbot-connector")
-    async with host.client(secret) as client:
-        yield client
-
-
 def upload(content_type: str = "image/png", data: bytes | None = None, **fields) -> dict:
     data = samples[content_type] if data is None else data
     return {"entry_id": entry, "content_type": content_type,

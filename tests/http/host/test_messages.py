@@ -16,13 +16,6 @@ from .test_checks import assert_error
 path = "/api/v1/entries/astrbot:group-a/messages"
 
 
-@pytest.fixture
-async def client(host):
-    secret = await host.token("astrbot-connector")
-    async with host.client(secret) as client:
-        yield client
-
-
 def fields_of(response) -> list[str]:
     return [problem["field"] for problem in response.json()["error"]["fields"]]
 

@@ -5,7 +5,6 @@ and UTC bounds only), the recorded recall, and model failures as hints."""
 
 from __future__ import annotations
 
-import pytest
 import trio
 
 from troupe.actors.host import forget_memories, host_memory_indexes
@@ -20,13 +19,6 @@ from .test_checks import assert_error
 entry = "astrbot:group-a"
 path = f"/api/v1/entries/{entry}/prepare"
 sections = {"persona", "memories", "recent_messages", "state", "goals", "hints", "entry_profile", "people"}
-
-
-@pytest.fixture
-async def client(host):
-    secret = await host.token("astrbot-connector")
-    async with host.client(secret) as client:
-        yield client
 
 
 async def post_messages(client, entry_id: str, *contents: str, sender: str = "小林") -> list[int]:

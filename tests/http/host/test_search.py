@@ -4,8 +4,6 @@ limit at and over 100, the optional goals and state sections, and source redacti
 
 from __future__ import annotations
 
-import pytest
-
 from troupe.actors.host import forget_memories, host_memory_indexes
 from troupe.auth import TokenScope
 
@@ -13,13 +11,6 @@ from ._memory_helpers import delete, fields_of, remember, when
 from .test_checks import assert_error
 
 path = "/api/v1/memories/search"
-
-
-@pytest.fixture
-async def client(host):
-    secret = await host.token("astrbot-connector")
-    async with host.client(secret) as client:
-        yield client
 
 
 def ids(response) -> list[int]:

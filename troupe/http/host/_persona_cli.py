@@ -14,21 +14,17 @@ long text, unreadable file, storage error), 2 configuration error.
 from __future__ import annotations
 
 import argparse
-import datetime
-import sys
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from troupe._config import ConfigError, load_serve_options
+from troupe._cli_storage import (
+    StorageJob,
+    add_data_dir_arguments,
+    run_storage_command,
+    utc_timestamp_text,
+)
 from troupe.actors.host import PersonaRefused, current_persona, persona_history, set_persona
-from troupe.runtime import real_env
-from troupe.storage import StorageError, open_engine
 
-exit_code_ok = 0
-exit_code_refused = 1
-exit_code_config = 2
 operator_source = "operator"
 """The source recorded on versions set from the command line."""
 
@@ -38,44 +34,24 @@ def add_persona_commands(subparsers: Any) -> argparse.ArgumentParser:
     persona = subparsers.add_parser("persona", help="set or show the character's persona (prepare's persona section)")
     commands = persona.add_subparsers(dest="persona_command", required=True)
 
-    def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--data-dir", default=None, help="data directory (default ./troupe-data)")
-        parser.add_argument("--config", default=None, help="troupe.toml to read")
-
     setting = commands.add_parser("set", help="store a new persona version (same text again: no new version)")
-    common(setting)
+    add_data_dir_arguments(setting)
     text = setting.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the persona description")
     text.add_argument("--file", help="read the description from this UTF-8 file")
     setting.add_argument("--name", default=None, help="the character's name (optional)")
 
     show = commands.add_parser("show", help="print the current persona (or every version with --history)")
-    common(show)
+    add_data_dir_arguments(show)
     show.add_argument("--history", action="store_true", help="every version, oldest first")
     return persona
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(timespec="seconds")
-
-
-async def _with_engine(data_dir: str, job: Any) -> Any:
-    """Run ``job(env, engine)``; a refusal is returned, not raised (see ``troupe.auth._cli``)."""
-    from ._surface import host_surface
-
-    env = real_env(data_dir)
-    async with open_engine(env, migrations=list(host_surface.migrations)) as engine:
-        try:
-            return await job(env, engine)
-        except (PersonaRefused, StorageError) as exc:
-            return exc
 
 
 async def _set(env: Any, engine: Any, text: str, name: str | None) -> list[str]:
     now = env.clock.wall()
     persona = await engine.write(lambda connection: set_persona(
         connection, text=text, name=name, updated_at=now, source=operator_source))
-    return [f"persona version {persona.version} (updated {_timestamp(persona.updated_at)})"]
+    return [f"persona version {persona.version} (updated {utc_timestamp_text(persona.updated_at)})"]
 
 
 async def _show(env: Any, engine: Any, history: bool) -> list[str]:
@@ -90,7 +66,7 @@ async def _show(env: Any, engine: Any, history: bool) -> list[str]:
     lines: list[str] = []
     for persona in versions:
         lines.append(f"version {persona.version}\tname {persona.name or '-'}\t"
-                     f"updated {_timestamp(persona.updated_at)}\tsource {persona.source}")
+                     f"updated {utc_timestamp_text(persona.updated_at)}\tsource {persona.source}")
         lines.append(persona.text)
     return lines
 
@@ -104,46 +80,28 @@ def _read_text(arguments: Any) -> str:
         raise PersonaRefused(f"cannot read {arguments.file}: {exc}") from exc
 
 
-def _refusal(error: BaseException) -> BaseException | None:
-    if isinstance(error, PersonaRefused | StorageError):
-        return error
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _refusal(error.exceptions[0])
-    return None
-
-
 def run_persona_command(arguments: Any) -> int:
     """Run ``troupe persona ...`` with parsed ``arguments``; returns the exit code.
 
     Must not be called from inside a running trio loop (it runs its own)."""
-    try:
-        data_dir = load_serve_options(arguments).data_dir
-    except ConfigError as exc:
-        _note(str(exc))
-        return exit_code_config
-    try:
-        if arguments.persona_command == "set":
-            text = _read_text(arguments)
-            lines = trio.run(_with_engine, data_dir, lambda env, engine: _set(env, engine, text, arguments.name))
-        elif arguments.persona_command == "show":
-            lines = trio.run(_with_engine, data_dir, lambda env, engine: _show(env, engine, arguments.history))
-        else:
-            raise AssertionError(f"unknown persona command {arguments.persona_command!r}")
-    except (PersonaRefused, StorageError, BaseExceptionGroup) as exc:
-        refusal = _refusal(exc)
-        if refusal is None:
-            raise
-        lines = refusal
-    if isinstance(lines, BaseException):
-        _note(str(lines))
-        return exit_code_refused
-    for line in lines:
-        print(line, flush=True)
-    return exit_code_ok
+    from ._surface import host_surface
+
+    return run_storage_command(
+        arguments,
+        command_name="persona",
+        migrations=host_surface.migrations,
+        refusals=(PersonaRefused,),
+        prepare_job=lambda: _persona_job(arguments),
+    )
 
 
-def _note(line: str) -> None:
-    print(f"troupe persona: {line}", file=sys.stderr, flush=True)
+def _persona_job(arguments: Any) -> StorageJob:
+    if arguments.persona_command == "set":
+        text = _read_text(arguments)
+        return lambda env, engine: _set(env, engine, text, arguments.name)
+    if arguments.persona_command == "show":
+        return lambda env, engine: _show(env, engine, arguments.history)
+    raise AssertionError(f"unknown persona command {arguments.persona_command!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
