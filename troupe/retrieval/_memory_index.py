@@ -29,6 +29,18 @@ reuses the text list when no allowed item has a context (both then rank every ma
 so a recall over a store without contexts scores its matches once, not twice.  The graph
 search runs inside the same storage read, off the event loop.
 
+Threads (``executor``, the Env's: worker threads in production, inline in the simulator):
+writes run the graph insert, and the embedding when the embedder has a thread-safe
+``embed_sync`` (the hashed one), through the executor, so they cost the event loop only the
+hop.  Everything else ``MemoryIndex`` caches (bitmaps, the in-flight sequences below) is
+changed on the event loop only, after the storage write returns; a recall's worker thread
+gets fresh bitmaps and meets the graph only under ``VectorIndex``'s lock, so it sees a batch's
+vectors all or none.  ``add`` returns once its vectors are in the graph.  Concurrent adds may
+finish their inserts out of sequence order, so the graph's high-water mark (what a restart
+catches up after) is raised only to just below the lowest sequence still in flight; an insert
+that fails keeps its sequence pinned, and the next start re-reads it from SQLite.  An item
+deleted while its insert was in flight is removed from the graph when the insert returns.
+
 Trade-offs: the caches are rebuilt at open (bitmaps from ``retrieval_items``; the graph from
 its file plus everything written after the file's high-water mark, or from scratch), which
 costs seconds per million items at start-up and keeps every query free of SQL filtering.
@@ -42,7 +54,7 @@ import datetime
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import apsw
 import numpy
@@ -84,6 +96,12 @@ class Database(Protocol):
     async def write(self, function: Callable[[apsw.Connection], Result]) -> Result: ...
 
     async def read(self, function: Callable[[apsw.Connection], Result]) -> Result: ...
+
+
+class Executor(Protocol):
+    """``troupe.runtime.Executor``: runs ``function(*args)`` on a worker thread or inline."""
+
+    async def run_sync(self, function: Callable[..., Result], *args: Any) -> Result: ...
 
 
 @dataclass(frozen=True)
@@ -216,9 +234,14 @@ class MemoryIndex:
         embedder: Embedder | None,
         vector_path: str | None,
         settings: RecallSettings,
+        executor: Executor | None = None,
     ) -> None:
         self._database = database
         self._embedder = embedder
+        self._executor = executor
+        # Sequences of vector writes whose graph insert has not returned (see the docstring).
+        self._sequences_in_flight: set[int] = set()
+        self._sequence_absorbed_max = 0
         self._vector_path = vector_path
         self.settings = settings
         self._bitmaps = FacetBitmaps()
@@ -238,13 +261,18 @@ class MemoryIndex:
         embedder: Embedder | None = None,
         vector_path: str | None = None,
         settings: RecallSettings | None = None,
+        executor: Executor | None = None,
     ) -> MemoryIndex:
-        """Loads the caches: facet bitmaps, then the vector graph (caught up or rebuilt)."""
+        """Loads the caches: facet bitmaps, then the vector graph (caught up or rebuilt).
+
+        ``executor`` runs graph inserts and CPU-only embedding off the event loop (``None``:
+        inline, on the caller's thread)."""
         index = cls(
             database,
             embedder=embedder,
             vector_path=vector_path,
             settings=settings or RecallSettings(),
+            executor=executor,
         )
         rows = await database.read(lambda connection: list(_store.facet_rows(connection)))
         index._bitmaps.load_rows(rows)
@@ -253,6 +281,11 @@ class MemoryIndex:
             await index._open_vectors(embedder)
         return index
 
+    async def _run(self, function: Callable[..., Result], *args: Any) -> Result:
+        if self._executor is None:
+            return function(*args)
+        return await self._executor.run_sync(function, *args)
+
     # -- vectors: cache management ---------------------------------------------------------
 
     async def _open_vectors(self, embedder: Embedder) -> None:
@@ -260,21 +293,27 @@ class MemoryIndex:
         assert fingerprint is not None
         loaded = None
         if self._vector_path is not None:
-            loaded = VectorIndex.load(self._vector_path, embedder.dimensions, fingerprint)
+            loaded = await self._run(
+                VectorIndex.load, self._vector_path, embedder.dimensions, fingerprint
+            )
         count, highest = await self._database.read(
             lambda connection: _store.vector_summary(connection, fingerprint)
         )
         if loaded is not None and loaded.high_water_sequence <= highest:
             await self._catch_up(loaded, fingerprint)
-            loaded.remove(list(self._bitmaps.deleted))
+            await self._run(loaded.remove, list(self._bitmaps.deleted))
             if len(loaded) == count:
-                self._vectors = loaded
+                self._publish_vectors(loaded)
                 return
         # Missing, unreadable, of another space, ahead of the tables or inconsistent: rebuild.
         rebuilt = VectorIndex(embedder.dimensions, fingerprint)
         await self._catch_up(rebuilt, fingerprint)
-        self._vectors = rebuilt
+        self._publish_vectors(rebuilt)
         self.vector_index_rebuilt = True
+
+    def _publish_vectors(self, vectors: VectorIndex) -> None:
+        self._sequence_absorbed_max = vectors.high_water_sequence
+        self._vectors = vectors
 
     async def _catch_up(self, vectors: VectorIndex, fingerprint: str) -> None:
         while True:
@@ -291,7 +330,7 @@ class MemoryIndex:
             matrix = numpy.frombuffer(b"".join(row[2] for row in rows), dtype=numpy.float32)
             matrix = matrix.reshape(len(rows), vectors.dimensions)
             live = numpy.array([int(i) not in self._bitmaps.deleted for i in ids], dtype=bool)
-            vectors.absorb(ids[live], matrix[live], rows[-1][1])
+            await self._run(vectors.absorb, ids[live], matrix[live], rows[-1][1])
 
     def save_vectors(self) -> None:
         """Writes the vector graph and its high-water mark (call at shutdown or periodically)."""
@@ -305,19 +344,53 @@ class MemoryIndex:
     def embedder_ready(self) -> bool:
         return self._embedder is not None and self._vectors is not None and self._embedder.ready()
 
+    def _items_with_context(self, contexts: Sequence[str]) -> list[int]:
+        if self.settings.context_vector_weight <= 0.0:
+            return []
+        return [index for index, context in enumerate(contexts) if context]
+
     async def _embed_items(self, texts: Sequence[str], contexts: Sequence[str]) -> numpy.ndarray:
         assert self._embedder is not None
+        embed_sync = getattr(self._embedder, "embed_sync", None)
+        if embed_sync is not None:
+            # Pure CPU and thread-safe (see ``troupe.models.Embedder``): off the event loop.
+            return await self._run(self._embed_items_sync, embed_sync, texts, contexts)
         vectors = await self._embedder.embed(list(texts), purpose="document")
-        weight = self.settings.context_vector_weight
-        with_context = [index for index, context in enumerate(contexts) if context]
-        if weight > 0.0 and with_context:
+        with_context = self._items_with_context(contexts)
+        context_vectors = None
+        if with_context:
             context_vectors = await self._embedder.embed(
                 [contexts[index] for index in with_context], purpose="document"
             )
+        return self._blend_vectors(len(texts), vectors, with_context, context_vectors)
+
+    def _embed_items_sync(
+        self,
+        embed_sync: Callable[[list[str]], numpy.ndarray],
+        texts: Sequence[str],
+        contexts: Sequence[str],
+    ) -> numpy.ndarray:
+        """``_embed_items`` for an embedder with ``embed_sync``: callable from a worker thread."""
+        vectors = embed_sync(list(texts))
+        with_context = self._items_with_context(contexts)
+        context_vectors = None
+        if with_context:
+            context_vectors = embed_sync([contexts[index] for index in with_context])
+        return self._blend_vectors(len(texts), vectors, with_context, context_vectors)
+
+    def _blend_vectors(
+        self,
+        count: int,
+        vectors: numpy.ndarray,
+        with_context: list[int],
+        context_vectors: numpy.ndarray | None,
+    ) -> numpy.ndarray:
+        assert self._embedder is not None
+        if context_vectors is not None:
             vectors = numpy.array(vectors, dtype=numpy.float32)
-            vectors[with_context] += weight * context_vectors
+            vectors[with_context] += self.settings.context_vector_weight * context_vectors
         vectors = numpy.asarray(vectors, dtype=numpy.float32)
-        if vectors.shape != (len(texts), self._embedder.dimensions):
+        if vectors.shape != (count, self._embedder.dimensions):
             raise EmbedderMismatch(f"embedder returned shape {vectors.shape}")
         norms = numpy.linalg.norm(vectors, axis=1, keepdims=True)
         norms[norms == 0.0] = 1.0
@@ -357,8 +430,24 @@ class MemoryIndex:
             numpy.fromiter((row.time_end for row in rows), float, len(rows)),
         )
         if vectors is not None and self._vectors is not None:
-            self._vectors.absorb(numpy.asarray(ids, dtype=numpy.uint64), vectors, sequence)
+            await self._absorb(ids, vectors, sequence)
         return ids
+
+    async def _absorb(self, ids: Sequence[int], vectors: numpy.ndarray, sequence: int) -> None:
+        """Inserts vectors that SQLite stored at ``sequence`` into the graph, off the event
+        loop; call it right after the write returns (see the module docstring)."""
+        graph = self._vectors
+        assert graph is not None
+        self._sequences_in_flight.add(sequence)
+        await self._run(graph.upsert, numpy.asarray(ids, dtype=numpy.uint64), vectors)
+        # Only after success: a failed insert leaves its sequence pinned below the mark.
+        self._sequences_in_flight.discard(sequence)
+        self._sequence_absorbed_max = max(self._sequence_absorbed_max, sequence)
+        lowest_in_flight = min(self._sequences_in_flight, default=self._sequence_absorbed_max + 1)
+        graph.raise_high_water(min(self._sequence_absorbed_max, lowest_in_flight - 1))
+        deleted_meanwhile = [item_id for item_id in ids if item_id in self._bitmaps.deleted]
+        if deleted_meanwhile:
+            graph.remove(deleted_meanwhile)
 
     async def embed_pending(self, batch_items: int = embed_batch_items) -> int:
         """Embeds up to ``batch_items`` items that lack a vector of the current embedder;
@@ -380,8 +469,7 @@ class MemoryIndex:
             lambda connection: _store.store_vectors(connection, ids, vectors, fingerprint)
         )
         live = [index for index, item_id in enumerate(ids) if item_id not in self._bitmaps.deleted]
-        assert self._vectors is not None
-        self._vectors.absorb(numpy.asarray(ids, dtype=numpy.uint64)[live], vectors[live], sequence)
+        await self._absorb([ids[index] for index in live], vectors[live], sequence)
         return len(pending)
 
     async def delete(self, keys: Sequence[str]) -> int:

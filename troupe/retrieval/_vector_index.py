@@ -18,11 +18,12 @@ fetch) is ~5× cheaper exact.  Removed keys are removed from the graph,
 and callers filter by their tombstone bitmap as well, so a vector file saved before a
 deletion can never resurrect the item.
 
-Threads: recall runs ``search`` inside its storage read, on a worker thread in production
-(usearch releases the interpreter lock, so the event loop keeps serving meanwhile), while
-writes absorb vectors on the event loop.  Every use of the graph and the mirror holds
-``self._lock``, so a search never sees a half-grown mirror and two searches never share one
-of usearch's per-thread search contexts.  Under the simulator everything runs inline and the
+Threads: recall runs ``search`` inside its storage read, and ``MemoryIndex`` runs writes'
+``upsert``/``absorb`` through the Env executor too: on worker threads in production (usearch
+releases the interpreter lock, so the event loop keeps serving meanwhile).  Every use of the
+graph, the mirror and the high-water mark holds ``self._lock``, so a search never sees a
+half-grown mirror or a key removed but not yet re-added, and two searches never share one of
+usearch's per-thread search contexts.  Under the simulator everything runs inline and the
 lock is never contended.
 
 Trade-offs: ``f16`` halves memory at a recall cost too small to see with normalised vectors;
@@ -166,8 +167,15 @@ class VectorIndex:
     def absorb(self, ids: numpy.ndarray, vectors: numpy.ndarray, sequence: int) -> None:
         """Upsert vectors that SQLite stored up to ``sequence``, and move the high-water mark
         there: what a later catch-up starts after."""
-        self.upsert(ids, vectors)
-        self.high_water_sequence = max(self.high_water_sequence, sequence)
+        with self._lock:
+            self._upsert_locked(ids, vectors)
+            self.high_water_sequence = max(self.high_water_sequence, sequence)
+
+    def raise_high_water(self, sequence: int) -> None:
+        """Moves the high-water mark up to ``sequence`` (never down): for writers that upsert
+        out of sequence order and know when every vector up to ``sequence`` is in."""
+        with self._lock:
+            self.high_water_sequence = max(self.high_water_sequence, sequence)
 
     def remove(self, ids: list[int]) -> None:
         with self._lock:

@@ -598,6 +598,12 @@ class Engine:
 
     # ------------------------------------------------------------------------------ helpers
 
+    @property
+    def executor(self) -> Any:
+        """The Env executor this engine runs its SQLite work in: callers with CPU work that
+        belongs next to the storage (the vector graph) use the same one."""
+        return self._executor
+
     def statistics(self) -> EngineStatistics:
         """A copy of the counters, with the current write queue depth."""
         snapshot = EngineStatistics(**vars(self._statistics))

@@ -199,7 +199,11 @@ class MemoryIndexes:
         async with lock:
             index = self._indexes.get(engine)
             if index is None:
-                index = await MemoryIndex.open(TokenizedDatabase(engine), embedder=embedder)
+                index = await MemoryIndex.open(
+                    TokenizedDatabase(engine),
+                    embedder=embedder,
+                    executor=getattr(engine, "executor", None),
+                )
                 await catch_up_index(engine, index)
                 self._indexes[engine] = index
         return index
