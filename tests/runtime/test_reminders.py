@@ -106,3 +106,24 @@ async def test_forward_then_backward_jump_does_not_strand_a_reminder(env, autoju
         await trio.sleep(5)
         assert [entry[1] for entry in Alarm.fired] == ["now"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_reminder_set_again_for_the_same_moment_during_its_turn_is_kept(tmp_path):
+    # Found by the simulator (host seed 83): an entry closed a batch, setting its learner's
+    # "claim" reminder due now, in the very instant the learner finished handling a "claim"
+    # that was due at that same moment; the completion deleted the new setting by due time.
+    import apsw
+
+    from troupe.storage import reminder_delete, reminder_set, reminders_for
+    from troupe.storage._migrations import apply_migrations
+    from troupe.storage._schema import core_migrations
+
+    connection = apsw.Connection(str(tmp_path / "reminders.db"))
+    apply_migrations(connection, list(core_migrations), lambda: 0.0)
+    reminder_set(connection, "learner", "1", "claim", 100.0, None)
+    (fired,) = reminders_for(connection, "learner", "1")
+    reminder_set(connection, "learner", "1", "claim", 100.0, None)  # set again, same moment
+    assert not reminder_delete(connection, "learner", "1", "claim", due_wall=100.0, revision=fired.revision)
+    (kept,) = reminders_for(connection, "learner", "1")
+    assert kept.revision == fired.revision + 1
+    assert reminder_delete(connection, "learner", "1", "claim", due_wall=100.0, revision=kept.revision)

@@ -116,3 +116,27 @@ async def test_a_child_that_fails_to_start_counts_as_a_crash(autojump_clock):
     with pytest.raises(SupervisorEscalated):
         await run_for(supervisor, 10)
     assert len(attempts) == 2
+
+
+async def test_a_child_failing_while_it_is_cancelled_does_not_escape(autojump_clock):
+    # Found by the simulator (host seed 60): the process crashed while the reminder service's
+    # own task group held both the cancellation and a storage error; the group escaped the
+    # root supervisor and took the whole server down instead of letting it stop.
+    async def service(*, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            async def refuses_while_stopping():
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    raise OSError("storage went away with the process")
+
+            nursery.start_soon(refuses_while_stopping)
+            await trio.sleep_forever()
+
+    tracer = Tracer(keep_in_memory=True)
+    supervisor = Supervisor("root", [ChildSpec("service", service)], tracer=tracer, escalate=False)
+    with trio.move_on_after(1) as scope:
+        await supervisor.run()
+    assert scope.cancelled_caught
+    assert tracer.counts.get("child_crash") == 1

@@ -72,6 +72,8 @@ class ReminderFired:
     name: str
     due_wall: float
     payload: Any = None
+    revision: int | None = None
+    """Which setting of the reminder fired (see ``troupe.storage.Reminder.revision``)."""
 
 
 class ActorContext:

@@ -91,7 +91,7 @@ class ReminderService:
 
     async def completed(self, kind: str, key: str, fired: ReminderFired) -> None:
         """Called inside the actor's turn: delete the row unless it was set again meanwhile."""
-        await self._delete_if_still_due(kind, key, fired.name, fired.due_wall)
+        await self._delete_if_still_due(kind, key, fired.name, fired.due_wall, fired.revision)
 
     def _require_storage(self):
         storage = self._system.storage
@@ -193,25 +193,27 @@ class ReminderService:
         system = self._system
         address = (kind, key, name)
         retry_after = None
+        revision: int | None = None
         try:
             if system.env.fault_points is not no_fault_points and system._fault("reminder_late", kind, key):
                 await trio.sleep(system.env.fault_points.delay_seconds("reminder_late"))
             async with limiter:
                 rows = await system.storage.read(lambda connection: reminders_for(connection, kind, key))
-                payloads = [row.payload for row in rows if row.name == name and row.due_wall == due_wall]
-                if not payloads:
+                matching = [row for row in rows if row.name == name and row.due_wall == due_wall]
+                if not matching:
                     return  # cancelled or replaced in storage
+                revision = matching[0].revision
                 system.tracer.record("reminder_fire", kind, key, name=name)
                 self.fired += 1
                 # PLANTED BUG (simulator tests only): delete the row before the actor handled it.
                 if "reminder_lost_on_crash" in system.env.planted_bugs:
-                    await self._delete_if_still_due(kind, key, name, due_wall)
-                await system.ref(kind, key).ask(ReminderFired(name, due_wall, payloads[0]))
+                    await self._delete_if_still_due(kind, key, name, due_wall, revision)
+                await system.ref(kind, key).ask(ReminderFired(name, due_wall, matching[0].payload, revision))
         except PoisonMessage:
             self.poisoned += 1
             system.tracer.record("reminder_poison", kind, key, name=name)
             try:
-                await self._delete_if_still_due(kind, key, name, due_wall)
+                await self._delete_if_still_due(kind, key, name, due_wall, revision)
             except Exception as error:  # storage trouble: the row stays, so it is tried again
                 system.tracer.record("reminder_error", kind, key, name=name, error=type(error).__name__)
                 retry_after = _limits.reminder_retry_seconds
@@ -226,9 +228,11 @@ class ReminderService:
             # Re-arm in memory only: the row is still in storage with its original due time.
             self._schedule(address, self.now() + retry_after, due_wall)
 
-    async def _delete_if_still_due(self, kind: str, key: str, name: str, due_wall: float) -> None:
+    async def _delete_if_still_due(self, kind: str, key: str, name: str, due_wall: float,
+                                   revision: int | None = None) -> None:
         from troupe.storage import reminder_delete
 
         await self._require_storage().write(
-            lambda connection: reminder_delete(connection, kind, key, name, due_wall=due_wall)
+            lambda connection: reminder_delete(connection, kind, key, name, due_wall=due_wall,
+                                               revision=revision)
         )

@@ -190,8 +190,17 @@ class Supervisor:
         try:
             with running.scope:
                 await running.spec.run(task_status=relay)
-        except Exception as exception:
-            if not relay.started_called:
+        except BaseException as exception:
+            cancelled, failures = _split_cancelled(exception)
+            if cancelled is not None:
+                if failures is not None:
+                    # Failures met while being cancelled (say, storage refusing a write while the
+                    # process stops) are not crashes to restart from: the child is stopping
+                    # anyway.  Recorded, then only the cancellation goes on.
+                    self._tracer.record("child_crash", "supervisor", self.name, child=running.spec.name,
+                                        error=type(failures).__name__, stopping=True)
+                raise cancelled from None
+            if not relay.started_called or not isinstance(exception, Exception):
                 raise  # nursery.start() reports it to _start_child
             error = exception
         finally:
@@ -284,3 +293,14 @@ class _StartedRelay:
     def started(self, value=None) -> None:
         self.started_called = True
         self._status.started(value)
+
+
+def _split_cancelled(
+    exception: BaseException,
+) -> tuple[BaseException | None, BaseException | None]:
+    """``(the cancellation in it, everything else)``, either part ``None`` when absent."""
+    if isinstance(exception, trio.Cancelled):
+        return exception, None
+    if isinstance(exception, BaseExceptionGroup):
+        return exception.split(trio.Cancelled)
+    return None, exception

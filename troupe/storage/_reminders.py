@@ -28,14 +28,17 @@ class Reminder:
     due_wall: float
     payload: Any
     attempts: int
+    revision: int = 0
+    """Bumped by every ``reminder_set``: tells one setting of a reminder from the next, even
+    when both are due at the same moment."""
 
 
-_columns = "kind, key, name, due_wall, payload, attempts"
+_columns = "kind, key, name, due_wall, payload, attempts, revision"
 
 
 def _reminder(row: tuple) -> Reminder:
-    kind, key, name, due_wall, payload, attempts = row
-    return Reminder(kind, key, name, float(due_wall), decode(payload), int(attempts))
+    kind, key, name, due_wall, payload, attempts, revision = row
+    return Reminder(kind, key, name, float(due_wall), decode(payload), int(attempts), int(revision))
 
 
 def reminder_set(
@@ -45,25 +48,27 @@ def reminder_set(
     connection.execute(
         "INSERT INTO reminders (kind, key, name, due_wall, payload, attempts) "
         "VALUES (?, ?, ?, ?, ?, 0) ON CONFLICT (kind, key, name) DO UPDATE SET "
-        "due_wall = excluded.due_wall, payload = excluded.payload, attempts = 0",
+        "due_wall = excluded.due_wall, payload = excluded.payload, attempts = 0, "
+        "revision = reminders.revision + 1",
         (kind, key, name, float(due_wall), encode(payload)),
     )
 
 
 def reminder_delete(
-    connection: apsw.Connection, kind: str, key: str, name: str, *, due_wall: float | None = None
+    connection: apsw.Connection, kind: str, key: str, name: str, *, due_wall: float | None = None,
+    revision: int | None = None,
 ) -> bool:
-    """Remove the reminder; return whether it existed.  With ``due_wall``, only if it is still
-    due then: a reminder set again meanwhile (another due time) is kept."""
-    if due_wall is None:
-        connection.execute(
-            "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ?", (kind, key, name)
-        )
-    else:
-        connection.execute(
-            "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ? AND due_wall = ?",
-            (kind, key, name, float(due_wall)),
-        )
+    """Remove the reminder; return whether it existed.  With ``due_wall`` (and ``revision``),
+    only if it is still that setting: a reminder set again meanwhile is kept."""
+    sql = "DELETE FROM reminders WHERE kind = ? AND key = ? AND name = ?"
+    parameters: tuple = (kind, key, name)
+    if due_wall is not None:
+        sql += " AND due_wall = ?"
+        parameters += (float(due_wall),)
+    if revision is not None:
+        sql += " AND revision = ?"
+        parameters += (int(revision),)
+    connection.execute(sql, parameters)
     return connection.changes() > 0
 
 
