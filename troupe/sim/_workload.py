@@ -76,10 +76,6 @@ def make_workloads(names: list[str] | None) -> list[Workload]:
 
 
 def _load_builtin_workloads() -> None:
-    import importlib
-
-    for module in ("_bank", "_registers", "_admin_workload", "_host_workload"):
-        try:  # TEMPORARY guard while the workloads land
-            importlib.import_module(f"troupe.sim.{module}")  # each registers itself
-        except ModuleNotFoundError:
-            pass
+    # Each module registers its workload when imported (imported here, late, because the
+    # workloads import this module).
+    from . import _admin_workload, _bank, _host_workload, _registers  # noqa: F401
