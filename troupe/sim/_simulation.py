@@ -178,7 +178,6 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
     vfs = FaultyVFS(vfs_name, fault_plan)
     env = sim_env(config.seed, data_dir, vfs_name=vfs_name)
     env.planted_bugs = config.planted_bugs
-    env.extras["planted_bugs"] = config.planted_bugs
     tracer = Tracer(time_source=trio.current_time, keep_in_memory=True, sink=sink)
     fault_plan.observer = lambda fault, operation: tracer.record("fault", "storage", "", point=fault,
                                                                  operation=operation)
@@ -314,7 +313,6 @@ class _Lifetime:
                     if "clock" in settings.armed:
                         injectors.start_soon(self._clock_jumper, env)
                     async with trio.open_nursery() as clients:
-                        clients.cancel_scope.shield = False
                         for client in range(clients_count):
                             clients.start_soon(self._client, client, restart)
                     injectors.cancel_scope.cancel()
