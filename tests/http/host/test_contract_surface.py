@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from troupe.auth import TokenScope, new_token_secret, token_create
-from troupe.http.host import HostAppDependencies, create_host_app
+from troupe.http.host import HostAppDependencies, create_host_app, raw_routes
 
 from ._host_harness import message, raw_upload, start_host_server
 from .test_checks import assert_error
@@ -27,10 +27,11 @@ async def host(nursery, tmp_path):
 
 
 def served_routes(host) -> dict[str, set[str]]:
-    """Every route of the app (from its router, not from the document) → its methods."""
+    """Every route of the app (from its router and its plain ASGI routes, not from the
+    document) → its methods."""
     app = create_host_app(HostAppDependencies(
         env=host.env, engine=host.engine, system=host.system, readiness=lambda: True))
-    routes: dict[str, set[str]] = {}
+    routes: dict[str, set[str]] = {path: set(allowed) for path, allowed in raw_routes.items()}
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
             continue

@@ -32,6 +32,7 @@ from ._routes import (
     media_body_bytes_max,
     messages_body_bytes_max,
     other_body_bytes_max,
+    raw_routes,
     state_body_bytes_max,
 )
 from ._schemas import CustomPace, MessageIn, parse_message_batch
@@ -58,6 +59,7 @@ __all__ = [
     "allowed_hosts_variable",
     "api_prefix",
     "ask_actor",
+    "raw_routes",
     "body_bytes_max_for",
     "content_bytes_max",
     "contract_allowed_hosts",

@@ -26,40 +26,29 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
-from troupe.actors.host import (
-    AcceptMessages,
-    MediaRefused,
-    MessagesAccepted,
-    StorageUnavailable,
-    entry_kind_name,
-)
 from troupe.auth import RateBuckets, burst_default, rate_per_second_default
 from troupe.http import HostCheck, SendGuard
 from troupe.runtime import ActorCrashed, AskTimeout, Overloaded, Unavailable
 
 from ._errors import (
-    FieldProblem,
     HostError,
     code_for_status,
     code_internal_error,
-    code_invalid_request,
-    code_media_not_found,
     code_method_not_allowed,
     code_unavailable,
-    encode_document,
     error_document,
+    error_response_parts,
     host_error_envelope,
     retry_after_seconds_unknown,
-    retry_at_text,
 )
-from ._gate import HostGate, NoStore, admission_of
+from ._gate import HostGate, NoStore
+from ._intake_route import IntakeRoute
 from ._openapi import docs_page, openapi_document
-from ._routes import api_prefix
 from ._routes_learning import install_learning_routes
 from ._routes_media import install_media_routes
 from ._routes_recall import install_recall_routes
 from ._routes_state import install_state_routes
-from ._schemas import parse_message_batch
+from ._schemas import decode_json_body
 
 ask_timeout_seconds = 60.0
 """How long a handler waits for the entry actor (a 1000-message batch is one transaction)."""
@@ -102,8 +91,10 @@ def create_host_app(dependencies: HostAppDependencies) -> QuartTrio:
         rate_per_second=dependencies.rate_per_second,
         burst=dependencies.rate_burst,
     )
+    intake = IntakeRoute(system=dependencies.system, ask=ask_actor, wall=dependencies.env.clock.wall)
     gate = HostGate(
         app.asgi_app,
+        intake=intake,
         engine=dependencies.engine,
         readiness=dependencies.readiness,
         rate_buckets=rate_buckets,
@@ -124,16 +115,8 @@ def _install_errors(app: QuartTrio, dependencies: HostAppDependencies) -> None:
 
     @app.errorhandler(HostError)
     async def _host_error(error: HostError) -> Response:
-        retry_at = None
-        headers = dict(error.headers)
-        if error.retry_after_seconds is not None:
-            retry_at = retry_at_text(wall() + error.retry_after_seconds)
-            headers["Retry-After"] = str(error.retry_after_seconds)
-        document = error_document(
-            error.code, error.message, error.fields,
-            retry_after_seconds=error.retry_after_seconds, retry_at=retry_at, extra=error.extra,
-        )
-        response = Response(encode_document(document), status=error.status, content_type=json_content_type)
+        status, headers, body = error_response_parts(error, wall())
+        response = Response(body, status=status, content_type=json_content_type)
         response.headers.update(headers)
         return response
 
@@ -154,17 +137,8 @@ def _install_errors(app: QuartTrio, dependencies: HostAppDependencies) -> None:
 
 async def _json_body() -> Any:
     """The request body as JSON, or ``HostError`` 400 (content type, encoding, syntax)."""
-    if request.mimetype != json_content_type:
-        problem = FieldProblem("header.content-type", "需要 Content-Type: application/json")
-        raise HostError(400, code_invalid_request, fields=[problem])
     data = await request.get_data(cache=False, as_text=False)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise HostError(400, code_invalid_request, fields=[FieldProblem("body", "正文须为 UTF-8")]) from None
-    except ValueError as exc:
-        problem = FieldProblem("body", f"JSON 格式错误：{exc}")
-        raise HostError(400, code_invalid_request, fields=[problem]) from None
+    return decode_json_body(request.mimetype, data)
 
 
 async def ask_actor(system: Any, kind: str, key: str, message: Any) -> Any:
@@ -182,29 +156,6 @@ async def ask_actor(system: Any, kind: str, key: str, message: Any) -> Any:
 
 
 def _install_routes(app: QuartTrio, dependencies: HostAppDependencies) -> None:
-    system = dependencies.system
-
-    @app.post(f"{api_prefix}/entries/<entry:entry_id>/messages")
-    async def post_messages(entry_id: str) -> Response:
-        admission = admission_of(request.scope)
-        assert admission.entry_id == entry_id, "the gate and the router read the same segment"
-        document = await _json_body()
-        messages = parse_message_batch(document)
-        base = "body[{}]" if isinstance(document, list) else "body"
-        reply = await ask_actor(
-            system, entry_kind_name, entry_id, AcceptMessages(tuple(messages), admission.grant)
-        )
-        if isinstance(reply, MediaRefused):
-            fields = [
-                FieldProblem(f"{base.format(index)}.media_ids[{position}]", "媒体对象不存在或不可引用")
-                for index, position, _ in reply.refusals
-            ]
-            raise HostError(404, code_media_not_found, fields=fields)
-        if isinstance(reply, StorageUnavailable):
-            raise HostError(503, code_unavailable, retry_after_seconds=retry_after_seconds_unknown)
-        assert isinstance(reply, MessagesAccepted)
-        return _json({"message_ids": list(reply.message_ids), "pending_count": reply.pending_count})
-
     install_media_routes(app, dependencies)
     install_state_routes(app, dependencies)
     install_recall_routes(app, dependencies)

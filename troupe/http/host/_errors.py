@@ -142,6 +142,21 @@ def error_document(
     }
 
 
+def error_response_parts(error: HostError, wall_seconds: float) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of ``error`` (``wall_seconds`` now, for ``retry_at``): the one
+    rendering used by the quart error handler and by the raw intake route."""
+    retry_at = None
+    headers = dict(error.headers)
+    if error.retry_after_seconds is not None:
+        retry_at = retry_at_text(wall_seconds + error.retry_after_seconds)
+        headers["Retry-After"] = str(error.retry_after_seconds)
+    document = error_document(
+        error.code, error.message, error.fields,
+        retry_after_seconds=error.retry_after_seconds, retry_at=retry_at, extra=error.extra,
+    )
+    return error.status, headers, encode_document(document)
+
+
 def encode_document(document: object) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 

@@ -55,7 +55,7 @@ from ._errors import (
     retry_after_seconds_unknown,
     retry_at_text,
 )
-from ._routes import body_bytes_max_for, body_limits, entry_segment, is_api_path
+from ._routes import body_bytes_max_for, body_limits, entry_segment, is_api_path, is_intake_path
 
 admission_key = "troupe.host.admission"
 """Where the gate leaves its ``GateAdmission`` in the ASGI scope."""
@@ -117,6 +117,7 @@ class HostGate:
         rate_buckets: RateBuckets,
         wall: Callable[[], float],
         audience: str = host_audience,
+        intake: ASGIApp | None = None,
     ) -> None:
         self.app = app
         self.engine = engine
@@ -127,6 +128,10 @@ class HostGate:
         self.token_lookups = TokenLookups(engine, audience=audience)
         self._limited = {
             limit: BodyLimit(app, request_body_bytes_max=limit, envelope=host_error_envelope)
+            for limit in body_limits
+        }
+        self._intake_limited = None if intake is None else {
+            limit: BodyLimit(intake, request_body_bytes_max=limit, envelope=host_error_envelope)
             for limit in body_limits
         }
 
@@ -140,6 +145,9 @@ class HostGate:
             if refusal is not None:
                 status, document, headers = refusal
                 await _send_refusal(receive, send, status, document, headers)
+                return
+            if self._intake_limited is not None and is_intake_path(path):
+                await self._intake_limited[body_bytes_max_for(method, path)](scope, receive, send)
                 return
         await self._limited[body_bytes_max_for(method, path)](scope, receive, send)
 

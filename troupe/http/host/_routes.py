@@ -50,6 +50,16 @@ def entry_segment(path: str) -> str | None:
     return entry_id
 
 
+intake_route_path = f"{entries_prefix}{{entry_id}}/messages"
+raw_routes: dict[str, frozenset[str]] = {intake_route_path: frozenset({"POST"})}
+"""Routes served by plain ASGI handlers beside quart (path template -> methods)."""
+
+
+def is_intake_path(path: str) -> bool:
+    """``/api/v1/entries/{entry_id}/messages``: served by ``IntakeRoute``, not by quart."""
+    return path.endswith("/messages") and entry_segment(path) is not None
+
+
 def body_bytes_max_for(method: str, path: str) -> int:
     """The transfer limit of a request (GETs get the small default; they carry no body)."""
     if path == f"{api_prefix}/state" and method in ("PUT", "PATCH", "DELETE"):

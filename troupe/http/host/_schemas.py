@@ -21,6 +21,7 @@ a test checks that both agree).
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -307,6 +308,24 @@ def _byte_problems(base: str, item: Any) -> list[FieldProblem]:
             if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > content_bytes_max:
                 problems.append(FieldProblem(f"{base}.{name}", f"最多 {content_bytes_max} 个 UTF-8 字节"))
     return problems
+
+
+json_media_type = "application/json"
+
+
+def decode_json_body(media_type: str, data: bytes) -> Any:
+    """The request body as JSON, or ``HostError`` 400 (content type, encoding, syntax).
+    ``media_type`` is the Content-Type without parameters, lower case."""
+    if media_type != json_media_type:
+        problem = FieldProblem("header.content-type", "需要 Content-Type: application/json")
+        raise HostError(400, code_invalid_request, fields=[problem])
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HostError(400, code_invalid_request, fields=[FieldProblem("body", "正文须为 UTF-8")]) from None
+    except ValueError as exc:
+        problem = FieldProblem("body", f"JSON 格式错误：{exc}")
+        raise HostError(400, code_invalid_request, fields=[problem]) from None
 
 
 def parse_message_batch(document: Any) -> list[NewMessage]:
