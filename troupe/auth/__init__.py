@@ -6,12 +6,14 @@
   ``token_revoke``, ``token_lookup``; ``authenticate`` is the per-request lookup (which is
   also the revocation check) and ``bearer_secret`` reads the ``Authorization`` header;
 - ``RateBuckets``: per-token token buckets on the Env clock;
-- ``add_token_commands`` / ``run_token_command``: ``troupe token create|list|revoke``.
+- ``add_token_commands`` / ``run_token_command``: ``troupe token create|list|revoke``
+  (``--surface host|sessions``; sessions tokens are bound to one end user,
+  ``TokenScope.of_end_user``, audience ``sessions_audience``).
 
 Errors are in ``_exceptions`` (``AuthError`` and its subclasses).
 """
 
-from ._cli import add_token_commands, run_token_command
+from ._cli import add_token_commands, run_token_command, token_surfaces
 from ._entry_ids import (
     entry_id_character_problem,
     entry_id_characters_max,
@@ -27,7 +29,7 @@ from ._rate import (
     retry_after_whole_seconds,
 )
 from ._schema import auth_component, auth_migrations
-from ._scope import TokenScope, scope_entries_max
+from ._scope import TokenScope, end_user_id_characters_max, end_user_id_problem, scope_entries_max
 from ._tokens import (
     TokenGrant,
     TokenRecord,
@@ -36,6 +38,7 @@ from ._tokens import (
     host_audience,
     new_token_secret,
     secret_digest,
+    sessions_audience,
     token_create,
     token_list,
     token_lookup,
@@ -59,6 +62,8 @@ __all__ = [
     "authenticate",
     "bearer_secret",
     "burst_default",
+    "end_user_id_characters_max",
+    "end_user_id_problem",
     "entry_id_character_problem",
     "entry_id_characters_max",
     "entry_id_problem",
@@ -71,8 +76,10 @@ __all__ = [
     "scope_entries_max",
     "secret_digest",
     "secrets_per_round_max",
+    "sessions_audience",
     "token_create",
     "token_list",
     "token_lookup",
     "token_revoke",
+    "token_surfaces",
 ]

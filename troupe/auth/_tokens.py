@@ -33,6 +33,8 @@ token_secret_characters_max = 200
 
 token_name_characters_max = 100
 host_audience = "host"
+sessions_audience = "sessions"
+"""Tokens of the sessions surface: each is bound to one end user (``TokenScope.of_end_user``)."""
 
 assert token_secret_bytes >= 16
 
@@ -186,6 +188,7 @@ __all__ = [
     "bearer_secret",
     "host_audience",
     "new_token_secret",
+    "sessions_audience",
     "secret_digest",
     "token_create",
     "token_list",

@@ -24,6 +24,7 @@ from ._images import (
     image_content_types,
     image_description_prompt,
 )
+from ._local_agent import AgentChunk, LocalAgentModel, agent_model
 from ._local_model import Fact, LocalModel, extract_facts, summarise, unsupported_reply
 from ._messages import (
     ChatMessage,
@@ -49,6 +50,7 @@ from ._registry import (
 from ._retry import Backoff, CallBudget, RetryPolicy
 
 __all__ = [
+    "AgentChunk",
     "Backoff",
     "CallBudget",
     "ChatMessage",
@@ -61,6 +63,7 @@ __all__ = [
     "Fact",
     "HashedEmbedder",
     "ImageDescriber",
+    "LocalAgentModel",
     "LocalModel",
     "Model",
     "ModelBudgetExceeded",
@@ -78,6 +81,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Usage",
+    "agent_model",
     "describes_images",
     "embedder_by_name",
     "embedder_from_environment",

@@ -6,7 +6,7 @@ reminders, a structured trace, and the ``Env`` ports through which actors reach 
 randomness, ids, disk and network.
 """
 
-from ._actor import Actor, ActorContext, ActorKind, ReminderFired
+from ._actor import Actor, ActorContext, ActorKind, ReminderFired, TaskEnded
 from ._env import Clock, Env, Executor, IdSource, RandomSource, StorageOpener
 from ._exceptions import (
     ActorCrashed,
@@ -65,6 +65,7 @@ __all__ = [
     "Strategy",
     "Supervisor",
     "SupervisorEscalated",
+    "TaskEnded",
     "Tracer",
     "Unavailable",
     "UnknownActorKind",

@@ -10,7 +10,7 @@ storage, which is why actors keep no state that storage does not also have.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,19 @@ class ReminderFired:
     """Which setting of the reminder fired (see ``troupe.storage.Reminder.revision``)."""
 
 
+@dataclass(frozen=True)
+class TaskEnded:
+    """Delivered to ``receive`` when a task started with ``context.start_task`` has ended:
+    returned (``result``), raised (``error``) or was cancelled by ``context.cancel_task``
+    (``cancelled``).  Not delivered when the task died with its instance (crash, passivation,
+    stop) or was replaced by a task of the same name: then no one is left who asked for it."""
+
+    name: str
+    result: Any = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
 class ActorContext:
     """The actor's handle on the runtime: its identity, the Env, storage, refs, timers."""
 
@@ -133,6 +146,27 @@ class ActorContext:
         scope = self._cell.timers.pop(name, None)
         if scope is not None:
             scope.cancel()
+
+    def start_task(self, name: str, async_function: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``async_function()`` beside the actor's turns, in the kind's nursery, for work
+        that outlives one turn (an agent turn streaming from a model).  The actor hears
+        ``TaskEnded(name, ...)`` through ``receive`` when it ends.  A running task keeps the
+        actor from idle passivation; it is cancelled when the instance is discarded (crash,
+        passivation, eviction, stop).  Starting a name that runs cancels the old task first.
+
+        The function runs outside turns: it may touch the actor's state only in synchronous
+        stretches (no await in between), which trio makes atomic with respect to turns."""
+        self.system._start_task(self._cell, name, async_function)
+
+    def cancel_task(self, name: str) -> None:
+        """Cancel the task ``name`` if it runs; ``TaskEnded(cancelled=True)`` follows unless
+        the function finished before it saw the cancellation."""
+        task = self._cell.tasks.get(name)
+        if task is not None:
+            task.scope.cancel()
+
+    def task_running(self, name: str) -> bool:
+        return name in self._cell.tasks
 
     def passivate(self) -> None:
         """Passivate after the current turn (the actor may be activated again at any time)."""

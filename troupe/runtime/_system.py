@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from . import _limits
-from ._actor import Actor, ActorContext, ActorKind, ReminderFired
+from ._actor import Actor, ActorContext, ActorKind, ReminderFired, TaskEnded
 from ._env import Env
 from ._exceptions import (
     ActorCrashed,
@@ -59,6 +59,8 @@ runtime_event_kinds = (
     "overloaded", "unavailable_refused",
     # in-memory timers
     "timer", "timer_dropped",
+    # background tasks (ActorContext.start_task)
+    "task_started", "task_ended",
     # durable reminders
     "reminder_fire", "reminder_poison", "reminder_error",
     # supervisors (kind "supervisor"; "restart" and "escalate" are shared with actors)
@@ -141,9 +143,18 @@ class _EnvFaultPoints:
         return self._env.fault_points.delay_seconds(point)
 
 
+class _Task:
+    """One background task of a cell (``ActorContext.start_task``)."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+
+
 class _Cell:
     __slots__ = (
-        "runtime", "key", "send", "receive", "actor", "context", "timers",
+        "runtime", "key", "send", "receive", "actor", "context", "timers", "tasks",
         "passivate_requested", "detached", "stopped", "finished", "last_active",
         "turn_started", "deadline_scope", "predecessor",
     )
@@ -155,6 +166,8 @@ class _Cell:
         self.actor: Actor | None = None
         self.context: ActorContext | None = None
         self.timers: dict[str, trio.CancelScope] = {}
+        self.tasks: dict[str, _Task] = {}
+        """Background tasks of the current instance; they keep the cell from idling."""
         self.passivate_requested = False
         self.detached = False
         self.stopped = False
@@ -613,6 +626,7 @@ class ActorSystem:
 
     def _discard(self, cell: _Cell) -> None:
         """Throw the instance away; its context reports ``discarded`` from now on."""
+        self._cancel_tasks(cell)
         cell.actor = None
         if cell.context is not None:
             cell.context._discarded = True
@@ -626,6 +640,9 @@ class ActorSystem:
         name = runtime.spec.name
         runtime.statistics.passivations += 1
         self.tracer.record("passivate", name, cell.key)
+        # Tasks end with the instance; cancelling them first lets on_passivate find them
+        # winding down rather than still producing.
+        self._cancel_tasks(cell)
         try:
             with trio.fail_after(runtime.spec.turn_timeout_seconds):
                 if self.env.fault_points is not no_fault_points and self._fault("passivate_fails", name, cell.key):
@@ -672,6 +689,60 @@ class ActorSystem:
                     cell.send.send_nowait(_Envelope(message, wants_reply=False))
                 except (trio.WouldBlock, trio.ClosedResourceError):
                     self.tracer.record("timer_dropped", kind, cell.key, name=name)
+
+    # -- background tasks ---------------------------------------------------------------
+
+    def _start_task(self, cell: _Cell, name: str, function: Any) -> None:
+        kind = cell.runtime.spec.name
+        previous = cell.tasks.pop(name, None)
+        if previous is not None:
+            previous.scope.cancel()
+        nursery = cell.runtime.nursery
+        if nursery is None:
+            # The kind is going down with its cells: the task would be cancelled at once.
+            self.tracer.record("task_ended", kind, cell.key, name=name, outcome="dropped")
+            return
+        task = _Task()
+        cell.tasks[name] = task
+        self.tracer.record("task_started", kind, cell.key, name=name)
+        nursery.start_soon(self._task_runner, cell, name, task, function)
+
+    def _cancel_tasks(self, cell: _Cell) -> None:
+        """The instance goes away: its tasks end unreported (no one is left to hear them)."""
+        for task in cell.tasks.values():
+            task.scope.cancel()
+        cell.tasks.clear()
+
+    async def _task_runner(self, cell: _Cell, name: str, task: _Task, function: Any) -> None:
+        kind = cell.runtime.spec.name
+        result: Any = None
+        error: Exception | None = None
+        with task.scope:
+            try:
+                result = await function()
+            except Exception as exc:
+                error = exc
+        if cell.tasks.get(name) is not task:
+            self.tracer.record("task_ended", kind, cell.key, name=name, outcome="discarded")
+            return
+        del cell.tasks[name]
+        cell.last_active = self.env.clock.monotonic()
+        cancelled = task.scope.cancelled_caught
+        if cancelled:
+            outcome = "cancelled"
+        elif error is not None:
+            outcome = "failed"
+        else:
+            outcome = "finished"
+        fields = {"error": type(error).__name__} if error is not None else {}
+        self.tracer.record("task_ended", kind, cell.key, name=name, outcome=outcome, **fields)
+        ended = TaskEnded(name, result, error, cancelled)
+        try:
+            # Waits for mailbox room rather than dropping: an actor that never hears its task
+            # ended would wait for it forever.  A closed mailbox means the cell is going away.
+            await cell.send.send(_Envelope(ended, wants_reply=False))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
 
     # -- kind supervision ---------------------------------------------------------------
 
@@ -723,6 +794,7 @@ class ActorSystem:
                         cell.deadline_scope.cancel()
                 elif (
                     not cell.detached
+                    and not cell.tasks
                     and cell.last_active <= idle_cutoff
                     and cell.send.statistics().current_buffer_used == 0
                 ):
