@@ -28,11 +28,8 @@ from troupe.storage import Engine
 
 def session_actor_kinds() -> list[Any]:
     """The session and end-user kinds."""
-    try:
-        from troupe.actors.sessions import end_user_actor_kind, session_actor_kind
-    except ImportError:  # until the package re-exports them
-        from troupe.actors.sessions._end_users import end_user_actor_kind
-        from troupe.actors.sessions._session import session_actor_kind
+    from troupe.actors.sessions import end_user_actor_kind, session_actor_kind
+
     return [session_actor_kind(), end_user_actor_kind()]
 
 

@@ -124,6 +124,8 @@ from ._store import (
     usage_is_stale,
 )
 from ._subscribers import close_reason_shutdown
+from ._webhook_delivery import webhook_deliveries_in
+from ._webhook_signing import TurnEndNotice
 
 logger = logging.getLogger("troupe.sessions")
 
@@ -302,18 +304,12 @@ class SessionActor(Actor):
             self._end_user_ref(self.row.end_user_id).tell(ReleaseSession(self.session_id))
 
     async def on_passivate(self) -> None:
-        if not self.live:
-            return
-        running = self.turn is not None and not self.turn.finalized
-        for subscriber in list(self.subscribers):
-            subscriber.close(close_reason_shutdown)
-        self.subscribers.clear()
-        if not running:
-            # A clean epoch end: what was published is committed and the epoch sealed, so the
-            # next epoch starts exactly at lastSeq + 1.  With a turn cut off mid-way nothing is
-            # written: the epoch stays unsealed and the next one starts above anything seen.
-            await self._commit(messages=(), usage=None, sealed=True, status=session_status_idle)
-        self._end_epoch()
+        """Passivation with the epoch open is a graceful shutdown (``ActorSystem.drain``) or
+        an eviction: the running turn ends ``turn.aborted`` and is committed, streams are
+        closed and the epoch is sealed, exactly as ``Drain`` does.  A crash never gets here:
+        then the turn is lost and the epoch stays unsealed."""
+        if self.live and self.row is not None:
+            await self._drain(Drain())
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -1048,8 +1044,12 @@ class SessionActor(Actor):
 
     # -- the turn-end webhook --------------------------------------------------------------
 
+    def _notifier(self) -> Any:
+        """The configured deliveries: the settings' (tests) or the one the surface published."""
+        return self.settings.notifier or webhook_deliveries_in(self.context.env)
+
     async def _decide_webhook(self, turn_id: str, status: str, reason: str | None) -> None:
-        if self.settings.notifier is None or turn_id in self.notified_turns:
+        if self._notifier() is None or turn_id in self.notified_turns:
             return
         if self.subscribers:
             self.context.start_timer(
@@ -1064,8 +1064,6 @@ class SessionActor(Actor):
         await self._notify(message.turn_id, message.status, message.reason)
 
     async def _notify(self, turn_id: str, status: str, reason: str | None) -> None:
-        from ._webhook_signing import TurnEndNotice
-
         assert self.row is not None
         self.notified_turns[turn_id] = None
         while len(self.notified_turns) > notified_turns_remembered_max:
@@ -1075,7 +1073,7 @@ class SessionActor(Actor):
             status=status, last_seq=self.row.last_seq, reason=reason,  # type: ignore[arg-type]
         )
         self.context.trace("session_webhook", session=self.session_id, turn=turn_id)
-        await self.settings.notifier.enqueue_turn_end(notice)
+        await self._notifier().enqueue_turn_end(notice)
 
     _handlers: dict[type, Callable[[SessionActor, Any], Awaitable[Any]]] = {
         PostInput: _post_input,

@@ -12,20 +12,22 @@ The kinds and migrations are static, so the schema never depends on which listen
 from __future__ import annotations
 
 import os
+import sys
 
-from troupe.actors.sessions import sessions_migrations, webhook_migrations
+from troupe.actors.sessions import (
+    WebhookDeliveries,
+    WebhookSettings,
+    end_user_actor_kind,
+    session_actor_kind,
+    sessions_migrations,
+    webhook_migrations,
+)
 from troupe.auth import auth_migrations
 from troupe.http import ASGIApp
 from troupe.server import ListenAddress, Surface, SurfaceContext
 
 from ._app import SessionsAppDependencies, create_sessions_app
 from ._routes import LegacyPrefixPolicy
-
-try:
-    from troupe.actors.sessions import end_user_actor_kind, session_actor_kind
-except ImportError:  # until troupe.actors.sessions re-exports them (the actor slice's edit)
-    from troupe.actors.sessions._end_users import end_user_actor_kind
-    from troupe.actors.sessions._session import session_actor_kind
 
 sessions_listen_default = ListenAddress("127.0.0.1", 8787)
 
@@ -45,7 +47,29 @@ def _create(context: SurfaceContext) -> ASGIApp:
         allowed_hosts=tuple(context.options.allowed_hosts),
         legacy_policy=LegacyPrefixPolicy.from_environ(os.environ),
     )
-    return create_sessions_app(dependencies)
+    app = create_sessions_app(dependencies)
+    _install_webhooks(app, context)
+    return app
+
+
+def _install_webhooks(app: ASGIApp, context: SurfaceContext) -> None:
+    """With ``TANSR_SERVE_NOTIFY_URL`` set, the turn-end deliveries run for as long as the app
+    serves (in its nursery, so a simulated crash takes them down with it) and session actors
+    find them in the Env.  A bad URL turns the webhook off with a warning on stderr."""
+    settings = WebhookSettings.from_environ(os.environ)
+    for warning in settings.warnings:
+        print(f"troupe: sessions: {warning}", file=sys.stderr)
+    if not settings.enabled:
+        return
+    deliveries = WebhookDeliveries(
+        settings, env=context.env, storage=context.engine, tracer=context.system.tracer,
+        shutdown=context.shutdown,
+    )
+    deliveries.publish()
+
+    @app.before_serving  # type: ignore[attr-defined]
+    async def start_deliveries() -> None:
+        app.nursery.start_soon(deliveries.run)  # type: ignore[attr-defined]
 
 
 sessions_surface = Surface(
