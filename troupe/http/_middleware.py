@@ -214,11 +214,11 @@ class BodyLimit:
         await send(_error_start(413, error))
         await send({"type": "http.response.body", "body": error.body, "more_body": True})
         if unread_bytes is None or unread_bytes < 0:  # unknown, or the declared length lied
-            await _discard_body(receive, bytes_max=linger_bytes_max)
+            await discard_request_body(receive, bytes_max=linger_bytes_max)
         elif unread_bytes <= limit + linger_bytes_max:
             # A declared body a little over the limit is absorbed whole, so the client
             # reliably reads its 413; a huge one is not worth reading at all.
-            await _discard_body(receive, bytes_max=unread_bytes)
+            await discard_request_body(receive, bytes_max=unread_bytes)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -259,7 +259,7 @@ class BodyLimit:
             await self._reject(receive, send, unread_bytes=unread)
 
 
-async def _discard_body(receive: Receive, *, bytes_max: int) -> None:
+async def discard_request_body(receive: Receive, *, bytes_max: int = linger_bytes_max) -> None:
     """Read and drop the rest of the request body: at most ``bytes_max`` bytes and
     ``linger_seconds_max`` seconds."""
     discarded_bytes = 0
@@ -271,6 +271,19 @@ async def _discard_body(receive: Receive, *, bytes_max: int) -> None:
             discarded_bytes += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
+
+
+async def send_lingering(
+    receive: Receive, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """A complete response (``headers`` must carry its Content-Length) sent before the request
+    body was read, then a lingering close: the exchange ends only after discarding what the
+    client is still sending (bounded), so the client reads the answer instead of a reset.
+    What every surface's gate uses for its early refusals."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    await discard_request_body(receive)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def protect(
@@ -294,6 +307,7 @@ def protect(
 __all__ = [
     "ASGIApp",
     "BodyLimit",
+    "discard_request_body",
     "HostCheck",
     "SendGuard",
     "linger_bytes_max",
@@ -302,5 +316,6 @@ __all__ = [
     "protect",
     "request_body_bytes_max_default",
     "send_error",
+    "send_lingering",
     "send_seconds_max_default",
 ]

@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from troupe.auth import (
     RateBuckets,
     TokenGrant,
@@ -39,7 +37,7 @@ from troupe.auth import (
     host_audience,
     retry_after_whole_seconds,
 )
-from troupe.http import ASGIApp, BodyLimit
+from troupe.http import ASGIApp, BodyLimit, send_lingering
 from troupe.storage import StorageError
 
 from ._errors import (
@@ -60,11 +58,6 @@ from ._routes import body_bytes_max_for, body_limits, entry_segment, is_api_path
 admission_key = "troupe.host.admission"
 """Where the gate leaves its ``GateAdmission`` in the ASGI scope."""
 
-linger_bytes_max = 1024 * 1024
-linger_seconds_max = 2.0
-"""After an early refusal, read and drop at most this much of the unread body, this long."""
-
-assert linger_bytes_max > 0 and linger_seconds_max > 0
 
 
 @dataclass(frozen=True)
@@ -192,22 +185,7 @@ async def _send_refusal(
         (b"content-length", str(len(body)).encode("ascii")),
         *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers),
     ]
-    await send({"type": "http.response.start", "status": status, "headers": start_headers})
-    await send({"type": "http.response.body", "body": body, "more_body": True})
-    await _discard_body(receive)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _discard_body(receive: Any) -> None:
-    discarded_bytes = 0
-    with trio.move_on_after(linger_seconds_max):
-        while discarded_bytes <= linger_bytes_max:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            discarded_bytes += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return
+    await send_lingering(receive, send, status, start_headers, body)
 
 
 __all__ = ["GateAdmission", "HostGate", "NoStore", "admission_key", "admission_of"]

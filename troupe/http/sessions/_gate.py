@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from troupe.auth import (
     RateBuckets,
     TokenGrant,
@@ -36,7 +34,7 @@ from troupe.auth import (
     retry_after_whole_seconds,
     sessions_audience,
 )
-from troupe.http import ASGIApp, BodyLimit, HostCheck, ShutdownSignal
+from troupe.http import ASGIApp, BodyLimit, HostCheck, ShutdownSignal, send_lingering
 from troupe.storage import StorageError
 
 from ._errors import (
@@ -69,13 +67,6 @@ admission_key = "troupe.sessions.admission"
 
 open_paths = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs"})
 """Paths answered without a token (probes and documentation)."""
-
-linger_bytes_max = 1024 * 1024
-linger_seconds_max = 2.0
-"""After an early refusal, read and drop at most this much of the unread body, this long
-(a lingering close: the client reads its error instead of a connection reset)."""
-
-assert linger_bytes_max > 0 and linger_seconds_max > 0
 
 manifest_operation = Operation("manifest", "GET", "/manifest", "read", summary="统一调用面清单")
 
@@ -230,22 +221,7 @@ async def _send_refusal(receive: Any, send: Any, error: SessionsError, *, unifie
         (b"cache-control", b"no-store"),
         *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.response_headers().items()),
     ]
-    await send({"type": "http.response.start", "status": error.status, "headers": start_headers})
-    await send({"type": "http.response.body", "body": body, "more_body": True})
-    await _discard_body(receive)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _discard_body(receive: Any) -> None:
-    discarded_bytes = 0
-    with trio.move_on_after(linger_seconds_max):
-        while discarded_bytes <= linger_bytes_max:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            discarded_bytes += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return
+    await send_lingering(receive, send, error.status, start_headers, body)
 
 
 __all__ = [
@@ -254,8 +230,6 @@ __all__ = [
     "admission_key",
     "admission_of",
     "is_unified_path",
-    "linger_bytes_max",
-    "linger_seconds_max",
     "manifest_operation",
     "open_paths",
 ]
