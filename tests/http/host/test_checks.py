@@ -212,3 +212,33 @@ async def test_openapi_and_offline_docs(host):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/openapi.json" in page.text
     assert "http://" not in page.text and "https://" not in page.text  # nothing from the internet
+
+
+async def test_storage_that_cannot_be_read_or_written_answers_503_on_any_route(host, monkeypatch):
+    """An I/O error met by a quart route or by the intake route is the client's 503 with
+    Retry-After (retrying is the answer), not a 500; the next request works again."""
+    import troupe.http.host._routes_state as state_routes
+    from troupe.actors.host import entry_actor_kind
+    from troupe.storage import StorageIOError
+
+    secret = await host.token("astrbot")
+
+    async def unreadable(*arguments, **options):
+        raise StorageIOError("disk I/O error: injected")
+
+    async with host.client(secret) as client:
+        with monkeypatch.context() as patch:
+            patch.setattr(state_routes, "current_state", unreadable)
+            assert_error(await client.get("/api/v1/state"), 503, "unavailable")
+        assert (await client.get("/api/v1/state")).status_code == 200
+
+        ask = host.system.ref(entry_actor_kind().name, "astrbot:group-a").__class__.ask
+
+        async def failing_ask(self, message, timeout=None):
+            raise StorageIOError("disk I/O error: injected")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(host.system.ref("x", "y").__class__, "ask", failing_ask)
+            assert_error(await client.post(path, json=message("k-503")), 503, "unavailable")
+        assert host.system.ref("x", "y").__class__.ask is ask
+        assert (await client.post(path, json=message("k-503"))).status_code == 200

@@ -29,6 +29,7 @@ from werkzeug.routing import BaseConverter
 from troupe.auth import RateBuckets, burst_default, rate_per_second_default
 from troupe.http import HostCheck, SendGuard
 from troupe.runtime import ActorCrashed, AskTimeout, Overloaded, Unavailable
+from troupe.storage import StorageError
 
 from ._errors import (
     HostError,
@@ -119,6 +120,12 @@ def _install_errors(app: QuartTrio, dependencies: HostAppDependencies) -> None:
         response = Response(body, status=status, content_type=json_content_type)
         response.headers.update(headers)
         return response
+
+    @app.errorhandler(StorageError)
+    async def _storage_error(error: StorageError) -> Response:
+        # Storage that cannot be read or written right now (I/O error, full disk, closing) is
+        # the client's 503 with Retry-After, whichever route met it: retrying is the answer.
+        return await _host_error(HostError(503, code_unavailable, retry_after_seconds=retry_after_seconds_unknown))
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:

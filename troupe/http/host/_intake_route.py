@@ -29,6 +29,7 @@ from troupe.actors.host import (
     StorageUnavailable,
     entry_kind_name,
 )
+from troupe.storage import StorageError
 
 from ._errors import (
     FieldProblem,
@@ -71,6 +72,9 @@ class IntakeRoute:
             status, headers, body = 200, {}, await self._accept(scope, data)
         except HostError as error:
             status, headers, body = error_response_parts(error, self.wall())
+        except StorageError:
+            unavailable = HostError(503, code_unavailable, retry_after_seconds=retry_after_seconds_unknown)
+            status, headers, body = error_response_parts(unavailable, self.wall())
         except Exception:
             logger.exception("unhandled error in the host intake route")
             status, headers, body = 500, {}, encode_document(error_document(code_internal_error))
