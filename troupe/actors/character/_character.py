@@ -1,0 +1,928 @@
+"""The ``("character", name)`` actor: one companion character's memory, its settle lock, its
+claim tokens and identity generation, derived-task admission and its background work.
+
+What it owns (and nothing else may touch): the claims (durable, ``actor_state``), which
+outbox task runs now (one runner task at a time, ``start_task("outbox")``), the requests that
+wait for the settle lock, and whether the character's in-memory stores (the recall handle)
+are open.  Everything else is in storage; the actor reads it through ``CharacterMemory``.
+
+Why the pieces fit this way:
+
+- **Request path is one write.**  ``/cache``, ``/process``, ``/renew`` and ``/settle`` append
+  the history (recent history + raw time-indexed rows, via ``CharacterMemory.append_history``)
+  and register their outbox tasks in ONE write job, before the reply: an acknowledged turn is
+  durable together with the promise to process it.  No model call runs in the request path.
+- **The settle lock is durable.**  ``/renew`` and ``/settle`` register a detailed
+  ``recent_compression`` task; the lock is held while one is pending or running.  The
+  compression runs in the outbox runner, beside the actor's turns, so the mailbox stays
+  responsive.  ``NewDialog`` (and ``ReleaseCharacter``) arriving while the lock is held answer
+  ``ReplyDeferred`` and are fulfilled in the turn that sees the lock released, before any
+  later message: they see exactly the settled state, never half of it.  Because the lock is
+  the outbox row, a crash mid-compression leaves it held; the next incarnation runs the
+  compression again (``recover_claims``) and only then renders context.
+- **Exactly-once background work.**  The runner claims a task (a write), runs
+  ``CharacterMemory.run_task`` (model calls, no writes) and then commits ``complete`` and the
+  task's effects in ONE write, effects only when ``complete`` says this claim is current.  A
+  crash, a cancellation or a stale claim therefore never applies a task's effects twice.
+- **Claims and generations** (``/release_character``, ``/reload``): a live claim closes
+  derived-task admission (every outbox kind but ``recent_compression``): the running derived
+  task is cancelled, nothing derived is claimed until the claim is gone.  ``hold_admission``
+  additionally cancels the character's pending derived tasks and keeps its stores closed
+  (foreground writes answer ``status: "error"``, recall answers 503) until reload publishes.
+  A token that a reload released, or that publication removed, is remembered (bounded) and a
+  later release with it is refused (``ClaimRefused``: replayed or revoked); so is a claim that
+  captured a generation older than the published one.  ``ReloadCharacter`` releases exactly
+  the listed tokens and publishes a generation, removing only claims of older generations.
+
+A crash discards the instance: claims, the settle lock and the outbox are durable, so the next
+activation restores them; waiting requests re-ask (``ask_waiting``) and are queued again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import apsw
+import trio
+
+from troupe.runtime import Actor, ActorContext, ActorKind, Env, TaskEnded
+from troupe.storage import StorageError, state_get, state_put
+
+from ._funnel import funnel_counts
+from ._lifecycle import CharacterComponents
+from ._outbox import (
+    OutboxTask,
+    active_tasks,
+    cancel_tasks,
+    claim_next,
+    complete_task,
+    fail_task,
+    outbox_task_kinds,
+    recover_claims,
+    register_task,
+    retry_backoff_seconds,
+)
+from ._protocol import (
+    CacheHistory,
+    CancelCorrection,
+    CharacterFailed,
+    CharacterReleased,
+    CharacterReloaded,
+    CharacterState,
+    CharacterStatus,
+    ClaimRefused,
+    ContextText,
+    ConversationGap,
+    CorrectionCancelled,
+    FollowupTopics,
+    Funnel,
+    FunnelCounts,
+    GetPersona,
+    GetSettings,
+    HistoryCached,
+    HistoryMessage,
+    HistoryProcessed,
+    HistorySettled,
+    LastConversationGap,
+    MemoryUnavailable,
+    NewDialog,
+    PersonaDocument,
+    ProcessHistory,
+    QueryMemory,
+    RecentHistory,
+    RecordSurfaced,
+    Reflect,
+    ReflectResult,
+    ReleaseCharacter,
+    ReloadCharacter,
+    RenewHistory,
+    ReplyDeferred,
+    ReplyWaiter,
+    SettleHistory,
+    SurfacedRecorded,
+    Topics,
+    character_kind_name,
+    claim_token_characters_max,
+    claim_tokens_per_character_max,
+    reflection_ids_max,
+)
+
+logger = logging.getLogger(__name__)
+
+claims_state_kind = "character_claims"
+"""``actor_state`` kind of a character's claims (key = the character name)."""
+outbox_task_name = "outbox"
+outbox_reminder_name = "outbox"
+compression_kind = "recent_compression"
+derived_task_kinds: tuple[str, ...] = tuple(kind for kind in outbox_task_kinds if kind != compression_kind)
+"""What a claim stops: every background kind except the settle compression, which is part of
+the foreground request that registered it."""
+
+released_claim_tokens_max = 4_096
+"""Released or removed claim tokens remembered per character (to refuse their replay)."""
+waiters_max = 1_000
+"""Requests that may wait for one character's settle lock at once."""
+outbox_tasks_per_run_max = 32
+"""Tasks one runner claims before it yields (the next run starts from the task-ended turn)."""
+outbox_task_seconds_max = 300.0
+"""One task's work (model calls); longer is a failed attempt."""
+character_mailbox_messages_max = 256
+task_id_prefix = "task_"
+
+assert claim_tokens_per_character_max <= released_claim_tokens_max
+assert outbox_tasks_per_run_max >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# What the actor needs from the store and memory slices
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CharacterPort:
+    """What a memory function gets: the character, its published identity generation, the
+    Env (model, embedder, clock, ids) and the storage engine."""
+
+    name: str
+    generation: int
+    env: Env
+    storage: Any
+
+
+Effects = Callable[[apsw.Connection], None]
+"""A task's durable effects, applied in the write job that completes the task."""
+
+
+class CharacterMemory(Protocol):
+    """The store and memory slices behind the actor (``default_character_memory`` wires the
+    real ones).  Sync methods run inside the actor's write or read job; async ones may call
+    the model and read storage, and never write (their writes are ``Effects``)."""
+
+    def append_history(self, connection: apsw.Connection, name: str, messages: Sequence[HistoryMessage],
+                       now: float, *, only_uncached: bool) -> int:
+        """Append to recent history and the raw time-indexed rows; update the last
+        conversation time.  ``only_uncached`` skips the messages already at the tail of the
+        recent history (``/settle``).  Returns how many messages were written."""
+        ...
+
+    def character_known(self, connection: apsw.Connection, name: str) -> bool: ...
+
+    def last_conversation_at(self, connection: apsw.Connection, name: str) -> float | None: ...
+
+    def record_surfaced(self, connection: apsw.Connection, name: str, reflection_ids: Sequence[str],
+                        now: float) -> int: ...
+
+    async def new_dialog_text(self, port: CharacterPort) -> str: ...
+
+    async def recent_history_text(self, port: CharacterPort) -> str: ...
+
+    async def settings_text(self, port: CharacterPort) -> str: ...
+
+    async def persona(self, port: CharacterPort) -> dict[str, Any]: ...
+
+    async def followup_topics(self, port: CharacterPort) -> list[dict[str, Any]]: ...
+
+    async def reflect(self, port: CharacterPort) -> tuple[dict[str, Any] | None, Effects | None]:
+        """Synthesise a reflection now: the reflection (``None`` when nothing to say) and its
+        effects (written by the actor before the reply)."""
+        ...
+
+    async def run_task(self, port: CharacterPort, task: OutboxTask) -> Effects | None:
+        """Do one outbox task's work; its effects are applied with its completion."""
+        ...
+
+    async def query_memory(self, port: CharacterPort, query: str | None, time: str | None) -> Any:
+        """``MemoryResults`` | ``MemoryUnavailable`` (``_recall.query_memory``)."""
+        ...
+
+    def close_stores(self, port: CharacterPort) -> bool:
+        """Forget the character's in-memory stores and indexes (release, reload); they are
+        rebuilt from storage on next use.  True when something was open."""
+        ...
+
+
+@dataclass
+class CharacterSettings:
+    memory: CharacterMemory = field(default_factory=lambda: default_character_memory())
+    components: CharacterComponents = field(default_factory=CharacterComponents)
+    outbox_task_seconds_max: float = outbox_task_seconds_max
+    outbox_tasks_per_run_max: int = outbox_tasks_per_run_max
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims (durable)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Claims:
+    """A character's identity generation, its live claims and the tokens it must refuse."""
+
+    generation: int = 0
+    live: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    """token → (generation it captured, hold admission)."""
+    retired: list[str] = field(default_factory=list)
+    """Released or removed tokens, oldest first (bounded)."""
+
+    @property
+    def held(self) -> bool:
+        return any(hold for _, hold in self.live.values())
+
+    def retire(self, token: str) -> None:
+        if token in self.retired:
+            self.retired.remove(token)
+        self.retired.append(token)
+        del self.retired[:-released_claim_tokens_max]
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "live": {token: [generation, hold] for token, (generation, hold) in self.live.items()},
+            "retired": list(self.retired),
+        }
+
+    @classmethod
+    def decode(cls, value: Any) -> Claims:
+        if not isinstance(value, dict):
+            return cls()
+        live = {token: (int(pair[0]), bool(pair[1])) for token, pair in value.get("live", {}).items()}
+        return cls(int(value.get("generation", 0)), live, list(value.get("retired", [])))
+
+
+# ---------------------------------------------------------------------------------------------
+# The actor
+# ---------------------------------------------------------------------------------------------
+
+
+class CharacterActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, context: ActorContext, settings: CharacterSettings) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self.memory = settings.memory
+        self.name = context.key
+        self.claims = Claims()
+        self.settling = False
+        self.waiters: list[tuple[ReplyWaiter, Any]] = []
+        self.running_task: OutboxTask | None = None
+        self.components_generation = settings.components.generation
+        self.stores_open = True
+        self.cancelled_while_running = 0
+
+    # -- activation ------------------------------------------------------------------------
+
+    async def on_activate(self) -> None:
+        name = self.name
+        now = self.context.env.clock.wall()
+
+        def restore(connection: apsw.Connection) -> tuple[Any, list[OutboxTask]]:
+            # The previous incarnation's claims on running tasks died with it.
+            recover_claims(connection, name, now)
+            return state_get(connection, claims_state_kind, name), active_tasks(connection, name, [compression_kind])
+
+        stored, compressions = await self.context.storage.write(restore)
+        self.claims = Claims.decode(stored)
+        self.stores_open = not self.claims.held
+        self.settling = any(_detailed(task) for task in compressions)
+        self._pump()
+
+    async def on_passivate(self) -> None:
+        # Waiters re-ask (``ask_waiting``); the next incarnation queues them again.
+        self.waiters.clear()
+
+    async def on_reminder(self, name: str, payload: Any) -> None:
+        if name == outbox_reminder_name:
+            self._pump()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def receive(self, message: Any) -> Any:
+        self._follow_components()
+        if isinstance(message, TaskEnded):
+            return await self._task_ended(message)
+        if isinstance(message, CacheHistory):
+            return await self._write_turn(message.messages, "cache")
+        if isinstance(message, ProcessHistory):
+            return await self._write_turn(message.messages, "process")
+        if isinstance(message, RenewHistory):
+            return await self._write_turn(message.messages, "renew")
+        if isinstance(message, SettleHistory):
+            return await self._write_turn(message.messages, "settle")
+        if isinstance(message, NewDialog):
+            if self.settling:
+                return self._defer(message.waiter, message)
+            return await self._new_dialog()
+        if isinstance(message, ReleaseCharacter):
+            if self.settling:
+                return self._defer(message.waiter, message)
+            return await self._release(message)
+        if isinstance(message, ReloadCharacter):
+            return await self._reload(message)
+        if isinstance(message, QueryMemory):
+            return await self._query_memory(message)
+        if isinstance(message, RecentHistory):
+            return ContextText(await self.memory.recent_history_text(self._port()))
+        if isinstance(message, GetSettings):
+            return ContextText(await self.memory.settings_text(self._port()))
+        if isinstance(message, GetPersona):
+            return PersonaDocument(await self.memory.persona(self._port()))
+        if isinstance(message, LastConversationGap):
+            return await self._gap()
+        if isinstance(message, Reflect):
+            return await self._reflect()
+        if isinstance(message, FollowupTopics):
+            return Topics(tuple(await self.memory.followup_topics(self._port())))
+        if isinstance(message, RecordSurfaced):
+            return await self._record_surfaced(message)
+        if isinstance(message, CancelCorrection):
+            return await self._cancel_correction()
+        if isinstance(message, Funnel):
+            return await self._funnel(message)
+        if isinstance(message, CharacterStatus):
+            return await self._status()
+        raise TypeError(f"unexpected message {type(message).__name__}")
+
+    def _port(self) -> CharacterPort:
+        return CharacterPort(self.name, self.claims.generation, self.context.env, self.context.storage)
+
+    def _follow_components(self) -> None:
+        """A reload swapped the components: drop the in-memory ones (rebuilt on next use)."""
+        generation = self.settings.components.generation
+        if generation != self.components_generation:
+            self.components_generation = generation
+            self.memory.close_stores(self._port())
+
+    # -- dialogue persistence --------------------------------------------------------------
+
+    async def _write_turn(self, messages: tuple[HistoryMessage, ...], route: str) -> Any:
+        if self.claims.held:
+            return CharacterFailed("the character is released until the next reload")
+        name, memory = self.name, self.memory
+        env = self.context.env
+        now = env.clock.wall()
+        generation = self.claims.generation
+        plan = _tasks_for(route, len(messages))
+        task_ids = [env.ids.new_id(task_id_prefix) for _ in plan]
+
+        def write(connection: apsw.Connection) -> int:
+            count = memory.append_history(connection, name, messages, now, only_uncached=route == "settle")
+            for task_id, (kind, payload, dedupe_key) in zip(task_ids, plan, strict=True):
+                if kind == "post_turn_signal" and count == 0:
+                    continue
+                payload = {**payload, "count": count, "route": route}
+                register_task(connection, name, task_id=task_id, kind=kind, payload=payload,
+                              generation=generation, now=now, dedupe_key=dedupe_key)
+            return count
+
+        try:
+            count = await self.context.storage.write(write)
+        except StorageError:
+            logger.exception("writing %s history of %r failed", route, name)
+            return CharacterFailed("the history could not be stored")
+        if route in ("renew", "settle"):
+            self.settling = True
+        self.stores_open = True
+        self._pump()
+        if route == "cache":
+            return HistoryCached(count)
+        if route == "settle":
+            return HistorySettled()
+        return HistoryProcessed()
+
+    # -- settle lock -----------------------------------------------------------------------
+
+    def _defer(self, waiter: ReplyWaiter | None, message: Any) -> Any:
+        if waiter is not None and all(queued is not waiter for queued, _ in self.waiters):
+            if len(self.waiters) >= waiters_max:
+                return CharacterFailed("too many requests wait for this character's settle")
+            self.waiters.append((waiter, message))
+        return ReplyDeferred()
+
+    async def _answer_waiters(self) -> None:
+        """The settle lock was released: answer the queued requests in arrival order, in
+        this turn, so each sees the settled state and nothing that came after."""
+        waiters, self.waiters = self.waiters, []
+        for waiter, message in waiters:
+            if self.settling:
+                # A release answered above may not change the lock, but stay safe.
+                self.waiters.append((waiter, message))
+                continue
+            if isinstance(message, NewDialog):
+                waiter.fulfil(await self._new_dialog())
+            elif isinstance(message, ReleaseCharacter):
+                waiter.fulfil(await self._release(message))
+
+    async def _new_dialog(self) -> ContextText:
+        name = self.name
+        known = await self.context.storage.read(lambda connection: self.memory.character_known(connection, name))
+        if not known:
+            return ContextText("")
+        return ContextText(await self.memory.new_dialog_text(self._port()))
+
+    # -- claims ----------------------------------------------------------------------------
+
+    async def _release(self, message: ReleaseCharacter) -> CharacterReleased | ClaimRefused | CharacterFailed:
+        token = message.claim_token
+        claims = self.claims
+        assert token and len(token) <= claim_token_characters_max, "the HTTP layer checks the token"
+        if token in claims.retired:
+            return ClaimRefused(self.name, token, "release claim was already withdrawn")
+        if token not in claims.live and message.claim_generation < claims.generation:
+            claims.retire(token)
+            await self._save_claims()
+            return ClaimRefused(self.name, token, "release claim belongs to an older identity generation")
+        if token not in claims.live and len(claims.live) >= claim_tokens_per_character_max:
+            return CharacterFailed("too many live claims on this character")
+        previous = claims.live.get(token)
+        hold = message.hold_admission or (previous is not None and previous[1])
+        claims.live[token] = (previous[0] if previous else message.claim_generation, hold)
+        stopped = self._stop_running_derived()
+        name = self.name
+        now = self.context.env.clock.wall()
+        state = claims.encode()
+
+        def write(connection: apsw.Connection) -> int:
+            # Queued after any write the stopped runner had in flight, so nothing derived
+            # lands after this commit.
+            count = cancel_tasks(connection, name, now, kinds=derived_task_kinds) if hold else 0
+            if stopped and not hold:
+                # The stopped task's claim died with its runner: pending again, for later.
+                recover_claims(connection, name, now)
+                count += 1
+            state_put(connection, claims_state_kind, name, state)
+            return count
+
+        try:
+            cancelled = await self.context.storage.write(write)
+        except StorageError:
+            logger.exception("release of %r failed", name)
+            del claims.live[token]
+            return CharacterFailed("the release could not be stored")
+        self.memory.close_stores(self._port())
+        self.stores_open = False
+        self.context.trace("character_released", tokens=len(claims.live), cancelled=cancelled, hold=hold)
+        return CharacterReleased(self.name, cancelled, token)
+
+    def _stop_running_derived(self) -> bool:
+        """Cancel the runner when it runs a derived task (a held release then cancels the
+        task itself in the outbox and counts it there)."""
+        task = self.running_task
+        if task is None or task.kind not in derived_task_kinds:
+            return False
+        self.context.cancel_task(outbox_task_name)
+        self.running_task = None
+        return True
+
+    async def _reload(self, message: ReloadCharacter) -> CharacterReloaded:
+        claims = self.claims
+        for token in message.release_tokens:
+            claims.live.pop(token, None)
+            claims.retire(token)
+        if message.publish_generation is not None:
+            published = message.publish_generation
+            claims.generation = max(claims.generation, published)
+            for token, (generation, _) in list(claims.live.items()):
+                if generation < published:
+                    del claims.live[token]
+                    claims.retire(token)
+        await self._save_claims()
+        self.memory.close_stores(self._port())
+        self.stores_open = not claims.held
+        self._pump()
+        return CharacterReloaded(self.name, len(message.release_tokens), claims.generation, not claims.live)
+
+    async def _save_claims(self) -> None:
+        name, state = self.name, self.claims.encode()
+        await self.context.storage.write(lambda connection: state_put(connection, claims_state_kind, name, state))
+
+    # -- background work -------------------------------------------------------------------
+
+    def _claimable_kinds(self) -> tuple[str, ...]:
+        if self.claims.held:
+            return ()
+        if self.claims.live:
+            return (compression_kind,)
+        return outbox_task_kinds
+
+    def _pump(self) -> None:
+        """Start the runner if it is not running and something may be claimable."""
+        if self.context.task_running(outbox_task_name) or not self._claimable_kinds():
+            return
+        self.context.start_task(outbox_task_name, self._run_outbox)
+
+    async def _run_outbox(self) -> int:
+        """Claims and runs tasks one at a time, compression first.  Runs outside turns: it
+        reads the actor's state only between awaits."""
+        storage, name, env = self.context.storage, self.name, self.context.env
+        ran = 0
+        while ran < self.settings.outbox_tasks_per_run_max:
+            kinds = self._claimable_kinds()
+            if not kinds:
+                break
+            now = env.clock.wall()
+
+            def claim(connection: apsw.Connection, now: float = now, kinds: tuple[str, ...] = kinds) -> OutboxTask | None:
+                if compression_kind in kinds:
+                    task = claim_next(connection, name, now, [compression_kind])
+                    if task is not None:
+                        return task
+                return claim_next(connection, name, now, kinds)
+
+            task = await storage.write(claim)
+            if task is None:
+                break
+            if task.kind in derived_task_kinds and self.claims.live:
+                # A release arrived while the claim was in flight: hand it back untouched.
+                await storage.write(lambda connection, now=now: recover_claims(connection, name, now))
+                break
+            self.running_task = task
+            try:
+                await self._run_one(task)
+            finally:
+                if self.running_task is task:
+                    self.running_task = None
+            ran += 1
+        return ran
+
+    async def _run_one(self, task: OutboxTask) -> None:
+        storage, env = self.context.storage, self.context.env
+        try:
+            with trio.fail_after(self.settings.outbox_task_seconds_max):
+                effects = await self.memory.run_task(self._port(), task)
+        except Exception as error:
+            logger.warning("outbox task %s (%s) of %r failed: %s", task.task_id, task.kind, self.name,
+                           type(error).__name__)
+            reason = type(error).__name__
+            await storage.write(lambda connection: fail_task(connection, task.task_id, task.claim or "",
+                                                        env.clock.wall(), reason))
+            return
+
+        def finish(connection: apsw.Connection) -> bool:
+            if not complete_task(connection, task.task_id, task.claim or "", env.clock.wall()):
+                return False
+            if effects is not None:
+                effects(connection)
+            return True
+
+        completed = await storage.write(finish)
+        self.context.trace("character_task", task=task.kind, completed=completed)
+
+    async def _task_ended(self, ended: TaskEnded) -> None:
+        if ended.name != outbox_task_name:
+            return None
+        name = self.name
+        now = self.context.env.clock.wall()
+        if ended.error is not None:
+            # Storage trouble under the runner: its task stays claimed until recovery; try
+            # again after a backoff rather than spinning.
+            logger.error("the outbox runner of %r failed: %s", name, type(ended.error).__name__)
+            await self.context.set_reminder(outbox_reminder_name, now + retry_backoff_seconds)
+            return None
+        tasks = await self.context.storage.read(lambda connection: active_tasks(connection, name))
+        was_settling = self.settling
+        self.settling = any(task.kind == compression_kind and _detailed(task) for task in tasks)
+        if was_settling and not self.settling:
+            await self._answer_waiters()
+        claimable = set(self._claimable_kinds())
+        waiting = [task for task in tasks if task.kind in claimable and task.state == "pending"]
+        if not waiting:
+            return None
+        due = min(task.available_at for task in waiting)
+        if due <= now:
+            self._pump()
+        else:
+            await self.context.set_reminder(outbox_reminder_name, max(due, now))
+        return None
+
+    # -- reads and small writes ------------------------------------------------------------
+
+    async def _query_memory(self, message: QueryMemory) -> Any:
+        if self.claims.held:
+            return MemoryUnavailable("the character is released until the next reload")
+        self.stores_open = True
+        return await self.memory.query_memory(self._port(), message.query, message.time)
+
+    async def _gap(self) -> ConversationGap:
+        name = self.name
+        last = await self.context.storage.read(lambda connection: self.memory.last_conversation_at(connection, name))
+        if last is None:
+            return ConversationGap(-1)
+        return ConversationGap(round(max(0.0, self.context.env.clock.wall() - last), 3))
+
+    async def _reflect(self) -> ReflectResult:
+        if self.claims.live:
+            # Synthesis is derived work: a claimed character does none.
+            return ReflectResult(None)
+        reflection, effects = await self.memory.reflect(self._port())
+        name, env = self.name, self.context.env
+        now, generation = env.clock.wall(), self.claims.generation
+        task_id = env.ids.new_id(task_id_prefix)
+
+        def write(connection: apsw.Connection) -> None:
+            if effects is not None:
+                effects(connection)
+            # Promotion is fire and forget: an outbox task (so auto_transitions stays 0).
+            register_task(connection, name, task_id=task_id, kind="promotion", payload={},
+                          generation=generation, now=now, dedupe_key="promotion")
+
+        try:
+            await self.context.storage.write(write)
+        except StorageError:
+            logger.exception("storing the reflection of %r failed", name)
+            return ReflectResult(None)
+        self._pump()
+        return ReflectResult(reflection)
+
+    async def _record_surfaced(self, message: RecordSurfaced) -> SurfacedRecorded:
+        ids = tuple(dict.fromkeys(message.reflection_ids))[:reflection_ids_max]
+        if not ids:
+            return SurfacedRecorded(0)
+        name, now = self.name, self.context.env.clock.wall()
+        try:
+            recorded = await self.context.storage.write(
+                lambda connection: self.memory.record_surfaced(connection, name, ids, now))
+        except Exception:
+            # The contract: persisting failures are logged, the caller still gets ok.
+            logger.exception("recording surfaced reflections of %r failed", name)
+            recorded = 0
+        return SurfacedRecorded(recorded)
+
+    async def _cancel_correction(self) -> CorrectionCancelled:
+        name, now = self.name, self.context.env.clock.wall()
+        running = self.running_task is not None and self.running_task.kind == "correction"
+        if running:
+            self.context.cancel_task(outbox_task_name)
+            self.running_task = None
+        count = await self.context.storage.write(
+            lambda connection: cancel_tasks(connection, name, now, kinds=["correction"]))
+        return CorrectionCancelled("cancelled" if count or running else "no_task")
+
+    async def _funnel(self, message: Funnel) -> FunnelCounts:
+        name = self.name
+        counts = await self.context.storage.read(
+            lambda connection: funnel_counts(connection, name, message.since, message.until))
+        return FunnelCounts(name, message.since, message.until, counts)
+
+    async def _status(self) -> CharacterState:
+        name = self.name
+        tasks = await self.context.storage.read(lambda connection: active_tasks(connection, name))
+        return CharacterState(
+            character_name=name,
+            generation=self.claims.generation,
+            claims=tuple((token, generation) for token, (generation, _) in self.claims.live.items()),
+            admission_open=not self.claims.live,
+            stores_open=self.stores_open and not self.claims.held,
+            settling=self.settling,
+            outbox_pending=len(tasks),
+        )
+
+
+def _detailed(task: OutboxTask) -> bool:
+    return bool(task.payload.get("detailed"))
+
+
+def _tasks_for(route: str, count: int) -> list[tuple[str, dict[str, Any], str | None]]:
+    """The outbox tasks one history write registers: (kind, payload, dedupe key)."""
+    post_turn = ("post_turn_signal", {}, None)
+    if route == "cache":
+        return [post_turn]
+    review = ("history_review", {}, "review")
+    if route == "process":
+        return [post_turn, (compression_kind, {"detailed": False}, "routine"), review]
+    # renew and settle: the detailed compression is the settle lock.
+    return [(compression_kind, {"detailed": True}, None), post_turn, review]
+
+
+# ---------------------------------------------------------------------------------------------
+# The real memory: the store, recall, context and reflection slices
+# ---------------------------------------------------------------------------------------------
+
+post_turn_rows_per_task_max = 200
+"""Raw rows one post-turn task reads past its cursor (the rest wait for the next task)."""
+post_turn_cursor = "post_turn"
+
+
+class StoreMemory:
+    """``CharacterMemory`` over the real slices: ``_store`` for history, ``_context`` for the
+    texts, ``_recall`` for ``/query_memory``, ``_reflection`` (through ``models``) for the
+    background work."""
+
+    def __init__(self, models: Any = None, recall_indexes: Any = None) -> None:
+        self.models = models
+        self.recall_indexes = recall_indexes
+
+    def _models(self, port: CharacterPort) -> Any:
+        from ._reflection import ReflectionModels
+
+        return self.models if self.models is not None else ReflectionModels.single(port.env.model)
+
+    def _indexes(self) -> Any:
+        if self.recall_indexes is None:
+            from ._recall import character_recall_indexes
+
+            self.recall_indexes = character_recall_indexes
+        return self.recall_indexes
+
+    def append_history(self, connection: apsw.Connection, name: str, messages: Sequence[HistoryMessage],
+                       now: float, *, only_uncached: bool) -> int:
+        from ._store import append_recent, append_time_indexed, ensure_character, read_recent
+
+        ensure_character(connection, name, now)
+        if only_uncached and messages:
+            messages = _uncached(read_recent(connection, name), messages)
+        if not messages:
+            return 0
+        append_recent(connection, name, messages, now)
+        append_time_indexed(connection, name, messages, now)
+        return len(messages)
+
+    def character_known(self, connection: apsw.Connection, name: str) -> bool:
+        from ._store import character_exists
+
+        return character_exists(connection, name)
+
+    def last_conversation_at(self, connection: apsw.Connection, name: str) -> float | None:
+        from ._store import last_conversation_at
+
+        return last_conversation_at(connection, name)
+
+    def record_surfaced(self, connection: apsw.Connection, name: str, reflection_ids: Sequence[str],
+                        now: float) -> int:
+        from ._store import record_surfaced
+
+        return record_surfaced(connection, name, reflection_ids, now)
+
+    async def _snapshot(self, port: CharacterPort) -> Any:
+        from ._context import load_context_snapshot
+
+        return await port.storage.read(lambda connection: load_context_snapshot(connection, port.name))
+
+    async def new_dialog_text(self, port: CharacterPort) -> str:
+        from ._context import render_new_dialog
+
+        return render_new_dialog(await self._snapshot(port), now=port.env.clock.wall())
+
+    async def recent_history_text(self, port: CharacterPort) -> str:
+        from ._context import render_recent_history
+
+        return render_recent_history(await self._snapshot(port))
+
+    async def settings_text(self, port: CharacterPort) -> str:
+        from ._context import render_settings
+
+        return render_settings(await self._snapshot(port))
+
+    async def persona(self, port: CharacterPort) -> dict[str, Any]:
+        from ._store import read_document
+
+        document = await port.storage.read(lambda connection: read_document(connection, port.name, "persona"))
+        return document or {}
+
+    async def followup_topics(self, port: CharacterPort) -> list[dict[str, Any]]:
+        from ._context import load_followup_topics
+
+        now = port.env.clock.wall()
+        return await port.storage.read(lambda connection: load_followup_topics(connection, port.name, now=now))
+
+    async def reflect(self, port: CharacterPort) -> tuple[dict[str, Any] | None, Effects | None]:
+        from ._reflection import reflection_summary, synthesise_reflection, unreflected_facts
+        from ._store import add_reflection, list_facts, list_reflections
+
+        def read(connection: apsw.Connection) -> tuple[list[Any], list[Any]]:
+            return list_facts(connection, port.name), list_reflections(connection, port.name)
+
+        facts, reflections = await port.storage.read(read)
+        reflection = await synthesise_reflection(
+            self._models(port), unreflected_facts(facts, reflections), new_id=port.env.ids.new_id)
+        if reflection is None:
+            return None, None
+        now = port.env.clock.wall()
+
+        def effects(connection: apsw.Connection) -> None:
+            add_reflection(connection, port.name, reflection, now)
+
+        return reflection_summary(reflection), effects
+
+    async def run_task(self, port: CharacterPort, task: OutboxTask) -> Effects | None:
+        if task.kind == compression_kind:
+            return await self._compress(port, bool(task.payload.get("detailed")))
+        if task.kind in ("post_turn_signal", "fact_extraction"):
+            return await self._extract_facts(port)
+        if task.kind == "reflection_synthesis":
+            summary, effects = await self.reflect(port)
+            return effects
+        # history_review, promotion, correction, index_catch_up: the memory slice's lifecycle
+        # work (``plan_lifecycle``, ``propose_correction``) is not wired here yet.
+        return None
+
+    async def _compress(self, port: CharacterPort, detailed: bool) -> Effects | None:
+        from ._context import history_summary_meta_key
+        from ._reflection import DialogueLine, compress_history
+        from ._store import read_recent, read_recent_meta, replace_recent
+
+        def read(connection: apsw.Connection) -> tuple[list[Any], dict[str, Any]]:
+            return read_recent(connection, port.name), read_recent_meta(connection, port.name)
+
+        recent, meta = await port.storage.read(read)
+        lines = [DialogueLine(message.role, _text_of(message.content), message.at) for message in recent]
+        previous = meta.get(history_summary_meta_key)
+        compression = await compress_history(
+            self._models(port), lines, previous_summary=previous if isinstance(previous, str) else "",
+            detailed=detailed)
+        if compression is None:
+            return None
+        kept = recent[len(recent) - len(compression.kept):]
+        now = port.env.clock.wall()
+        metadata = compression.metadata(now=now)
+        return lambda connection: replace_recent(connection, port.name, kept, metadata, now)
+
+    async def _extract_facts(self, port: CharacterPort) -> Effects | None:
+        from ._outbox import cursor_get, cursor_put
+        from ._reflection import DialogueLine, extract_dialogue_facts
+        from ._store import add_facts, list_facts, read_time_indexed
+
+        def read(connection: apsw.Connection) -> tuple[int, list[Any], list[Any]]:
+            cursor = cursor_get(connection, port.name, post_turn_cursor)
+            rows = read_time_indexed(connection, port.name, cursor, post_turn_rows_per_task_max)
+            return cursor, rows, list_facts(connection, port.name)
+
+        cursor, rows, facts = await port.storage.read(read)
+        if not rows:
+            return None
+        lines = [DialogueLine(row.role, row.content_text, row.at) for row in rows]
+        extraction = await extract_dialogue_facts(
+            self._models(port), lines, character_name=port.name,
+            known_fact_texts=[fact.text for fact in facts], new_id=port.env.ids.new_id)
+        position, now = rows[-1].seq, port.env.clock.wall()
+
+        def effects(connection: apsw.Connection) -> None:
+            # The cursor moves with the facts, in the completing write: exactly once.
+            add_facts(connection, port.name, extraction.facts, now)
+            cursor_put(connection, port.name, post_turn_cursor, position, now)
+
+        return effects
+
+    async def query_memory(self, port: CharacterPort, query: str | None, time: str | None) -> Any:
+        from ._recall import query_memory
+
+        recall = await self._indexes().open_character(port.storage, port.name, embedder=port.env.embedder)
+        return await query_memory(recall, query, time, clock=port.env.clock)
+
+    def close_stores(self, port: CharacterPort) -> bool:
+        return bool(self._indexes().release(port.storage, port.name))
+
+
+def _text_of(content: Any) -> str:
+    return content if isinstance(content, str) else HistoryMessage("user", tuple(content)).text
+
+
+def _uncached(recent: Sequence[Any], messages: Sequence[HistoryMessage]) -> Sequence[HistoryMessage]:
+    """The messages ``/settle`` must still write: drop the longest prefix of ``messages``
+    that is already the tail of recent history (what ``/cache`` wrote)."""
+    stored = [(message.role, message.content if isinstance(message.content, str) else list(message.content))
+              for message in recent]
+    wanted = [(message.role, message.content if isinstance(message.content, str) else list(message.content))
+              for message in messages]
+    for overlap in range(min(len(stored), len(wanted)), 0, -1):
+        if stored[-overlap:] == wanted[:overlap]:
+            return messages[overlap:]
+    return messages
+
+
+def default_character_memory() -> StoreMemory:
+    return StoreMemory()
+
+
+def character_actor_kind(settings: CharacterSettings) -> ActorKind:
+    """The character kind: ``("character", name)``."""
+    return ActorKind(
+        name=character_kind_name,
+        factory=lambda context: CharacterActor(context, settings),
+        mailbox_messages_max=character_mailbox_messages_max,
+    )
+
+
+__all__ = [
+    "CharacterActor",
+    "CharacterMemory",
+    "CharacterPort",
+    "CharacterSettings",
+    "StoreMemory",
+    "Claims",
+    "Effects",
+    "character_actor_kind",
+    "character_mailbox_messages_max",
+    "default_character_memory",
+    "claims_state_kind",
+    "compression_kind",
+    "derived_task_kinds",
+    "outbox_task_name",
+    "outbox_task_seconds_max",
+    "outbox_tasks_per_run_max",
+    "released_claim_tokens_max",
+    "waiters_max",
+]
