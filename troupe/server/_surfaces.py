@@ -4,7 +4,7 @@ A surface is one contract on one listener: its quart-trio app, the actor kinds b
 the storage migrations those kinds need.  ``serve`` collects the kinds and migrations of
 every surface before it starts the shared ``ActorSystem`` and ``Engine``, then builds each app
 with a ``SurfaceContext`` holding the running parts.  Today ``default_surfaces`` serves
-``admin``, ``host`` and ``sessions``; the character and knowledge surfaces join it as they land.
+``admin``, ``host``, ``sessions`` and ``character``; the knowledge surface joins it when it lands.
 
 Trade-off: kinds and migrations are static per surface (declared, not computed from the
 configuration), so the storage schema never depends on which listeners are switched on.
@@ -32,6 +32,9 @@ class SurfaceContext:
     system: ActorSystem
     shutdown: ShutdownSignal
     state: Any  # the server's AdminSource (readiness and statistics)
+    request_shutdown: Callable[[], None] | None = None
+    """Asks the whole server to shut down gracefully (a surface's own shutdown route); None
+    where nothing can be stopped that way (tests, the simulator)."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,11 @@ admin_surface = Surface("admin", admin_listen_default, _create_admin)
 def default_surfaces() -> list[Surface]:
     """Every surface this build serves, in listener start order."""
     # Imported here: the surface packages import troupe.server themselves.
+    from troupe.http.character import new_character_surface
     from troupe.http.host import host_surface
     from troupe.http.sessions import sessions_surface
 
-    return [admin_surface, host_surface, sessions_surface]
+    return [admin_surface, host_surface, sessions_surface, new_character_surface()]
 
 
 # What the shared ActorSystem and Engine need from every surface, collected in one place so

@@ -26,11 +26,11 @@ from troupe.runtime import ActorSystem, real_env
 from troupe.storage import Engine
 
 
-def session_actor_kinds() -> list[Any]:
-    """The session and end-user kinds."""
+def session_actor_kinds(settings: Any = None) -> list[Any]:
+    """The session and end-user kinds (``settings``: the sessions' ``SessionSettings``)."""
     from troupe.actors.sessions import end_user_actor_kind, session_actor_kind
 
-    return [session_actor_kind(), end_user_actor_kind()]
+    return [session_actor_kind(settings), end_user_actor_kind()]
 
 
 @dataclass
@@ -66,15 +66,17 @@ class SessionsServer:
 
 
 async def start_sessions_server(
-    nursery: trio.Nursery, data_dir: str, *, system_override: Any = None, **app_options: Any
+    nursery: trio.Nursery, data_dir: str, *, system_override: Any = None, session_settings: Any = None,
+    **app_options: Any
 ) -> SessionsServer:
-    """``system_override``: what the app asks instead of the real system (crash tests)."""
+    """``system_override``: what the app asks instead of the real system (crash tests);
+    ``session_settings``: a ``SessionSettings`` for the session kind (short bridge deadlines)."""
     env = real_env(data_dir)
     if env.model is None:
         env.model = LocalModel()
     migrations = list(dict.fromkeys([*auth_migrations, *sessions_migrations, *webhook_migrations]))
     engine = await Engine.open(env, nursery=nursery, migrations=migrations)
-    system = ActorSystem(env, session_actor_kinds(), storage=engine)
+    system = ActorSystem(env, session_actor_kinds(session_settings), storage=engine)
     await nursery.start(system.run)
     shutdown = ShutdownSignal()
     server = SessionsServer(env, engine, system, shutdown)

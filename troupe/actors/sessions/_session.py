@@ -45,7 +45,13 @@ import trio
 
 from troupe.runtime import Actor, ActorContext, ActorKind, TaskEnded
 
-from ._bridges import Answered, Bridges
+from ._bridges import (
+    Answered,
+    Bridges,
+    permission_ttl_seconds,
+    question_ttl_seconds,
+    question_unattended_grace_seconds,
+)
 from ._checkpoints import (
     create_checkpoint,
     delete_checkpoint,
@@ -208,6 +214,11 @@ class SessionSettings:
     """A ``TurnEndNotifier``; ``None`` = no turn-end webhook configured."""
     webhook_recheck_seconds: float = webhook_recheck_seconds
     max_output_tokens: int = 1024
+    permission_ttl_seconds: float = permission_ttl_seconds
+    """An unanswered permission request is denied after this long (the contract's 120 s)."""
+    question_grace_seconds: float = question_unattended_grace_seconds
+    """With no subscriber this long, a question degrades to "decide and continue" (60 s)."""
+    question_ttl_seconds: float = question_ttl_seconds
 
 
 # -- internal messages -------------------------------------------------------------------------
@@ -285,7 +296,9 @@ class SessionActor(Actor):
         self.prefixes_seen: set[str] = set()
         self.notified_turns: OrderedDict[str, None] = OrderedDict()
         self.bridges = Bridges.for_env(
-            context.env, publish=self.publish, has_subscribers=lambda: bool(self.subscribers)
+            context.env, publish=self.publish, has_subscribers=lambda: bool(self.subscribers),
+            permission_ttl=settings.permission_ttl_seconds, question_grace=settings.question_grace_seconds,
+            question_ttl=settings.question_ttl_seconds,
         )
 
     # -- life cycle ------------------------------------------------------------------------
@@ -425,6 +438,12 @@ class SessionActor(Actor):
         assert self.row is not None
         events = tuple(self.uncommitted)
         last_seq = max(self.row.last_seq, events[-1].seq if events else self.row.last_seq)
+        if self.live:
+            # The watermark covers the epoch's start even when nothing was published in it: an
+            # epoch opened above a crashed one (the unsealed margin) and sealed empty must not
+            # let the next epoch start back at the old watermark, below seqs clients saw
+            # (found by the simulator's sessions workload, seed 1).
+            last_seq = max(last_seq, self.published_seq)
         now_ms = self._now_ms()
         session_id = self.session_id
         row = await self.context.storage.write(
@@ -550,7 +569,10 @@ class SessionActor(Actor):
         session_id = self.session_id
         start = epoch_start(row, self._now_ms())
         if not row.seq_sealed:
-            start = max(start, row.last_seq + 1 + unsealed_epoch_margin)
+            # Measured from the crashed epoch's own start too: an epoch that crashed before its
+            # first commit streamed seqs above its start, not above the (older) watermark, so
+            # two crashed epochs in a row must not start at the same seq (simulator, seed 1).
+            start = max(start, max(row.last_seq, row.epoch_start_seq - 1) + 1 + unsealed_epoch_margin)
 
         def reopen(connection: Any) -> tuple[SessionRow, list[dict[str, Any]]]:
             begin_epoch(connection, session_id, start)
@@ -756,8 +778,14 @@ class SessionActor(Actor):
         self.history.extend(dict(message) for message in messages)
         self.turn = None
         self._note_state()
+        # The webhook's status is completed | aborted only; a turn that failed ended the
+        # turn all the same, so it is reported as aborted with its error code as the reason
+        # (``internal_error`` when the kernel itself gave no outcome), as the contract lists.
         if outcome is not None and outcome.status in ("completed", "aborted"):
             await self._decide_webhook(running.turn_id, outcome.status, outcome.reason)
+        else:
+            reason = outcome.reason if outcome is not None and outcome.reason else "internal_error"
+            await self._decide_webhook(running.turn_id, "aborted", reason)
 
     def _usage_after(self, outcome: TurnOutcome | None, new_messages: int) -> UsageSnapshot:
         assert self.row is not None

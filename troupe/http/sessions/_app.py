@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
@@ -104,6 +105,9 @@ ask_timeout_seconds = 60.0
 session_list_limit_default = 50
 history_limit_max = 1000
 """``GET …/history?limit=`` at most this many messages per page."""
+
+body_discard_seconds = 10.0
+"""An error answer waits at most this long for the rest of a request body (read and dropped)."""
 
 voice_retry_after_seconds = 60
 """Retry-After of the audio endpoints while no voice provider is configured."""
@@ -190,13 +194,32 @@ def error_response(error: SessionsError, path: str) -> Response:
     return response
 
 
+async def discard_unread_body() -> None:
+    """Read what is left of the request body before an error answer goes out.
+
+    Why: a route that refuses before reading its body (an id troupe never issued, a 404 route
+    with an upload) would otherwise answer while the client is still sending; hypercorn then
+    closes the connection under the client's upload and the client sees "Server disconnected
+    without sending a response" instead of the error.  The gate's ``BodyLimit`` bounds what
+    can arrive (a body over the cap is the gate's own 413), and ``body_discard_seconds``
+    bounds how long a trickling client can hold the answer back.
+    """
+    with trio.move_on_after(body_discard_seconds):
+        try:
+            await request.get_data(cache=False, as_text=False)
+        except Exception:  # noqa: BLE001 - over the cap or broken: the gate answers that itself
+            pass
+
+
 def _install_errors(app: QuartTrio) -> None:
     @app.errorhandler(SessionsError)
     async def _sessions_error(error: SessionsError) -> Response:
+        await discard_unread_body()
         return error_response(error, request.path)
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
+        await discard_unread_body()
         if isinstance(error, MethodNotAllowed):
             allowed = ", ".join(sorted(error.valid_methods or ()))
             return error_response(SessionsError(code_method_not_allowed, headers={"Allow": allowed}), request.path)
@@ -210,6 +233,7 @@ def _install_errors(app: QuartTrio) -> None:
     @app.errorhandler(Exception)
     async def _crash(error: Exception) -> Response:
         logger.exception("unhandled error in a sessions request handler", exc_info=error)
+        await discard_unread_body()
         return error_response(SessionsError("internal_error"), request.path)
 
 
@@ -531,7 +555,9 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
 __all__ = [
     "SessionsAppDependencies",
     "ask_timeout_seconds",
+    "body_discard_seconds",
     "create_sessions_app",
+    "discard_unread_body",
     "cwd_problem",
     "error_response",
     "history_limit_max",

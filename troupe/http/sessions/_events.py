@@ -29,7 +29,7 @@ first, so the actor drops it at its next offer even if the message cannot be que
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from troupe.actors.sessions import (
     retry_frame,
     retry_milliseconds_default,
     session_kind_name,
+    slow_policies,
     slow_policy_default,
     slow_subscriber_grace_seconds_default,
     unified_frame,
@@ -77,6 +78,17 @@ close_reason_client_gone = "client_gone"
 assert shutdown_retry_milliseconds > retry_milliseconds_default
 
 
+slow_policy_variable = "TANSR_SERVE_SLOW_SUBSCRIBER_POLICY"
+max_buffer_bytes_variable = "TANSR_SERVE_MAX_SUBSCRIBER_BUFFER_BYTES"
+grace_milliseconds_variable = "TANSR_SERVE_SLOW_SUBSCRIBER_GRACE_MS"
+
+max_buffer_bytes_floor = 1024
+"""``TANSR_SERVE_MAX_SUBSCRIBER_BUFFER_BYTES`` below this is refused: smaller than one busy
+frame, every connection would be slow."""
+grace_milliseconds_floor = 10
+"""``TANSR_SERVE_SLOW_SUBSCRIBER_GRACE_MS`` below this is refused (a scheduling hiccup)."""
+
+
 @dataclass(frozen=True)
 class EventStreamSettings:
     """Per-deployment stream settings: the slow-consumer policy (``disconnect`` or
@@ -87,6 +99,38 @@ class EventStreamSettings:
     grace_seconds: float = slow_subscriber_grace_seconds_default
     heartbeat_seconds: float = heartbeat_interval_seconds
     retry_milliseconds: int = retry_milliseconds_default
+
+    def __post_init__(self) -> None:
+        assert self.slow_policy in slow_policies, self.slow_policy
+        assert self.max_buffer_bytes >= 1 and self.grace_seconds > 0 and self.heartbeat_seconds > 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> EventStreamSettings:
+        """The slow-consumer knobs of ``tansr serve``'s deployment: policy
+        (``disconnect`` | ``drop-oldest``), ``maxSubscriberBufferBytes`` and
+        ``slowSubscriberGraceMs``; unset = the contract's defaults.  A bad value is a
+        configuration error (ValueError): the operator asked for a policy we would not apply."""
+        policy = environ.get(slow_policy_variable, "").strip().lower() or slow_policy_default
+        if policy not in slow_policies:
+            raise ValueError(f"{slow_policy_variable} must be one of {', '.join(sorted(slow_policies))}, got {policy!r}")
+        buffer_bytes = _integer_variable(environ, max_buffer_bytes_variable, max_subscriber_buffer_bytes_default,
+                                         max_buffer_bytes_floor)
+        grace_ms = _integer_variable(environ, grace_milliseconds_variable,
+                                     round(slow_subscriber_grace_seconds_default * 1000), grace_milliseconds_floor)
+        return cls(slow_policy=policy, max_buffer_bytes=buffer_bytes, grace_seconds=grace_ms / 1000)
+
+
+def _integer_variable(environ: Mapping[str, str], name: str, default: int, floor: int) -> int:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+    if value < floor:
+        raise ValueError(f"{name} must be at least {floor}, got {value}")
+    return value
 
 
 def last_event_id_of(header: str | None) -> int | None:
@@ -204,9 +248,14 @@ __all__ = [
     "exclude_of",
     "exclude_prefix_characters_max",
     "exclude_prefixes_max",
+    "grace_milliseconds_floor",
+    "grace_milliseconds_variable",
     "install_event_route",
     "last_event_id_of",
+    "max_buffer_bytes_floor",
+    "max_buffer_bytes_variable",
     "rewrite_unified",
     "shutdown_retry_milliseconds",
+    "slow_policy_variable",
     "unified_envelope_value",
 ]

@@ -22,6 +22,7 @@ from troupe.actors.sessions import (
     InputBlock,
     PlatformPromptOptions,
     TextBlock,
+    max_turns_limit,
     session_id_prefix,
 )
 
@@ -101,7 +102,7 @@ class CreateSessionIn(BaseModel):
     client_tools: Annotated[list[ClientToolIn], Field(max_length=client_tools_max)] | None = Field(None, alias="clientTools")
     capabilities_profile: str | None = Field(None, alias="capabilitiesProfile", min_length=1, max_length=200)
     thinking: ThinkingIn | None = None
-    max_turns: int | None = Field(None, alias="maxTurns", ge=1)
+    max_turns: int | None = Field(None, alias="maxTurns", ge=1, le=max_turns_limit)
     cwd: str | None = None
     resume: ResumeIn | None = None
     fork: ForkIn | None = None

@@ -6,6 +6,8 @@ server's (every component ready); once shutdown begins the gate answers 503 ``dr
 live streams get a long ``retry:`` frame.  The legacy-prefix knob is read from the environment
 at start (``TANSR_SERVE_LEGACY_PREFIX``, ``TANSR_SERVE_LEGACY_SUNSET``); an unknown mode stops
 the start-up with a configuration error rather than serving writes an operator meant to retire.
+So are the slow-consumer knobs (``TANSR_SERVE_SLOW_SUBSCRIBER_POLICY``,
+``TANSR_SERVE_MAX_SUBSCRIBER_BUFFER_BYTES``, ``TANSR_SERVE_SLOW_SUBSCRIBER_GRACE_MS``).
 The kinds and migrations are static, so the schema never depends on which listeners are on.
 """
 
@@ -27,6 +29,7 @@ from troupe.http import ASGIApp
 from troupe.server import ListenAddress, Surface, SurfaceContext
 
 from ._app import SessionsAppDependencies, create_sessions_app
+from ._events import EventStreamSettings
 from ._routes import LegacyPrefixPolicy
 
 sessions_listen_default = ListenAddress("127.0.0.1", 8787)
@@ -46,6 +49,7 @@ def _create(context: SurfaceContext) -> ASGIApp:
         shutdown=context.shutdown,
         allowed_hosts=tuple(context.options.allowed_hosts),
         legacy_policy=LegacyPrefixPolicy.from_environ(os.environ),
+        events=EventStreamSettings.from_environ(os.environ),
     )
     app = create_sessions_app(dependencies)
     _install_webhooks(app, context)
