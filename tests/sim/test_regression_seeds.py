@@ -13,6 +13,9 @@ revision).
 1, 2, 6, 8, 9: reminders lost across restarts and clock jumps, and the quiet end cancelling the
 storage writer; 89, 127, 144: a reminder armed on a forward-jumped clock stranded by a backward
 jump.  See docs/simulator.md ("Bugs it has found").
+
+Sessions workload (300 steps): 1: an epoch sealed empty above a crashed one, and two epochs
+crashed in a row, started below seqs phones had already consumed.
 """
 
 import pytest
@@ -38,4 +41,12 @@ def test_swarm_seed_that_once_failed_passes(seed):
 @pytest.mark.parametrize("seed", [60, 83])
 def test_host_seed_that_once_failed_passes(seed):
     result = run_simulation(SimulationConfig(seed=seed, steps=2000, workloads=("host",)))
+    assert result.violations == []
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_sessions_seed_that_once_failed_passes(seed):
+    # Sessions workload (300 steps): an epoch sealed empty above a crashed one left the
+    # watermark behind, and two epochs crashed in a row started at the same seq.
+    result = run_simulation(SimulationConfig(seed=seed, steps=300, workloads=("sessions",)))
     assert result.violations == []
