@@ -36,6 +36,9 @@ class NetworkFaults:
         assert self.latency_seconds_max >= 0.0
 
 
+routed_host_address = "93.184.216.34"
+
+
 class SimulatedNetwork(httpx.AsyncBaseTransport):
     def __init__(self, random, faults: NetworkFaults | None = None) -> None:
         self._random = random
@@ -46,6 +49,14 @@ class SimulatedNetwork(httpx.AsyncBaseTransport):
     def route(self, host: str, handler: Handler) -> None:
         """Send requests for ``host`` (``name`` or ``name:port``) to ``handler``."""
         self._routes[host] = handler
+
+    async def resolve(self, host: str) -> list[str]:
+        """Name resolution on this network (``env.extras["resolver"]``): a routed name has one
+        public address (documentation's example.com, never a private one, so outbound-target
+        checks treat it as the internet); any other name does not exist."""
+        if host in self._routes or any(route.split(":", 1)[0] == host for route in self._routes):
+            return [routed_host_address]
+        raise OSError(f"simulated network: {host} does not resolve")
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host if request.url.port is None else f"{request.url.host}:{request.url.port}"

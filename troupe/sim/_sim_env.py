@@ -90,5 +90,5 @@ def sim_env(seed: int, data_dir: str, *, vfs_name: str | None = None) -> Env:
         http=simulated_http_client(network),
         model=LocalModel(),
         embedder=HashedEmbedder(),
-        extras={"network": network},
+        extras={"network": network, "resolver": network.resolve},
     )

@@ -220,3 +220,18 @@ async def test_ask_user_limit(env, autojump_clock):
     assert degraded.output["answered"] is False
     asked = ports.payloads("server.question.request")[0]["questions"]
     assert [question["id"] for question in asked] == [f"q{index + 1}" for index in range(questions_max)]
+
+
+async def test_names_resolve_through_the_env_resolver_when_the_settings_name_none(tmp_path):
+    # The simulator's network resolves names itself (a real lookup would be I/O outside the
+    # seed): a routed name gets a public address, an unknown one does not resolve.
+    env = sim_env(1, str(tmp_path))
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="ok")
+
+    env.extras["network"].route("docs.sim.test", handler)
+    await check_target("https://docs.sim.test/page", ToolSettings(), env=env)
+    with pytest.raises(TargetRefused) as refused:
+        await check_target("https://nowhere.sim.test/page", ToolSettings(), env=env)
+    assert refused.value.code == "unresolvable"

@@ -19,8 +19,9 @@
   (``ToolSettings.providers``) and otherwise answer the structured tool error
   ``tool_not_configured``: never a fake result.
 
-Name resolution goes through ``ToolSettings.resolver`` (trio's ``getaddrinfo`` by default) so
-the simulator can give names deterministic addresses.  A tool's result is a ``ToolResult``;
+Name resolution goes through ``ToolSettings.resolver``, else the Env's (``env.extras
+["resolver"]``: the simulator's network gives names deterministic addresses there, where a
+real lookup would be I/O outside the seed), else trio's ``getaddrinfo``.  A tool's result is a ``ToolResult``;
 failures the model should see are results with ``is_error`` and a ``code``, never exceptions.
 """
 
@@ -297,7 +298,11 @@ def address_is_public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-async def check_target(url: str, settings: ToolSettings) -> None:
+resolver_extra = "resolver"
+"""The ``Env.extras`` key of a ``Resolver`` that replaces the system's name lookup."""
+
+
+async def check_target(url: str, settings: ToolSettings, *, env: Any = None) -> None:
     """Raise ``TargetRefused`` unless ``url`` is http(s) and every address of its host is
     public (or the operator allowed private targets)."""
     parts = urlsplit(url)
@@ -311,7 +316,8 @@ async def check_target(url: str, settings: ToolSettings) -> None:
     try:
         addresses = [str(ipaddress.ip_address(host))]
     except ValueError:
-        resolver = settings.resolver or system_resolver
+        extras = getattr(env, "extras", None) or {}
+        resolver = settings.resolver or extras.get(resolver_extra) or system_resolver
         try:
             addresses = await resolver(host)
         except OSError as exc:
@@ -357,7 +363,7 @@ async def _fetch_hops(context, http, method, url, headers, body) -> ToolResult:
     settings = context.settings
     for _hop in range(fetch_redirects_max + 1):
         try:
-            await check_target(url, settings)
+            await check_target(url, settings, env=context.env)
         except TargetRefused as refusal:
             return ToolResult.failure(refusal.code, str(refusal), url=url)
         context.progress(f"{method} {_target_summary(method, url).split(' ', 1)[1]}")
@@ -542,6 +548,7 @@ __all__ = [
     "fetch_response_bytes_max",
     "fetch_timeout_seconds",
     "questions_max",
+    "resolver_extra",
     "system_resolver",
     "todos_max",
 ]
