@@ -14,7 +14,14 @@ from ._memory_index import (
     RecallSettings,
 )
 from ._query import text_query
-from ._schema import apply_schema, connection_setup, retrieval_migrations
+from ._schema import (
+    apply_schema,
+    connection_setup,
+    retrieval_migration,
+    retrieval_migration_steps,
+    retrieval_migrations,
+)
+from ._shared import SharedMemoryIndexes, TokenizedDatabase, shared_memory_indexes
 from ._time_window import TimeWindow, parse_time_window
 from ._tokenizer import register_tokenizer
 
@@ -33,13 +40,18 @@ __all__ = [
     "RecallResult",
     "RecallSettings",
     "RetrievalError",
+    "SharedMemoryIndexes",
     "TimeWindow",
+    "TokenizedDatabase",
     "apply_schema",
     "connection_setup",
     "conversation_items",
     "parse_time_window",
     "reciprocal_rank_fusion",
     "register_tokenizer",
+    "retrieval_migration",
+    "retrieval_migration_steps",
     "retrieval_migrations",
+    "shared_memory_indexes",
     "text_query",
 ]

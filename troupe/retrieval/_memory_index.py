@@ -29,6 +29,20 @@ reuses the text list when no allowed item has a context (both then rank every ma
 so a recall over a store without contexts scores its matches once, not twice.  The graph
 search runs inside the same storage read, off the event loop.
 
+Common terms (opt-in, ``RecallSettings.common_term_share_max``; the character surface uses
+0.5): a term that most items contain costs a scan of most of the text index and weighs
+nothing, since FTS5's bm25 clamps the idf of a term in half the items or more to 1e-6.  In
+one character's 100k facts "主人" is such a term: it made every Chinese query score 80k
+matches (~30 ms).  When the store holds at least ``common_term_pruning_items_min`` items
+and the query has other terms, terms in more than that share of the items are left out of
+the text lists.  Rankings among items that match another term stay as they were; what is
+lost is the tail of items matching only the common terms, which bm25 ranked after them
+anyway.  When no other term matches anything, the text list is the newest items of the whole
+query instead (read in rowid order, no scoring): bm25 would have ordered them by length
+noise around a zero weight.
+Term counts come from the text index (counting stops at the limit) and are cached per term
+until about 1% of the items changed.
+
 Threads (``executor``, the Env's: worker threads in production, inline in the simulator):
 writes run the graph insert, and the embedding when the embedder has a thread-safe
 ``embed_sync`` (the hashed one), through the executor, so they cost the event loop only the
@@ -83,6 +97,14 @@ recall_query_characters_max = 4000
 vector_catch_up_batch_items = 20_000
 embed_batch_items = 256
 add_batch_items_max = 10_000
+# Common-term pruning (``RecallSettings.common_term_share_max``) applies from this many items
+# on: below it a scan is cheap and every term is kept, so small stores rank exactly as before.
+common_term_pruning_items_min = 10_000
+# Document counts of query terms kept per index (cleared when full), and how stale one may
+# get: it is counted again after this share of the items (at least the minimum) changed.
+term_counts_cached_max = 4096
+term_counts_refresh_share = 0.01
+term_counts_refresh_items_min = 1000
 
 assert recall_limit_max <= recall_candidate_depth_max
 
@@ -126,11 +148,17 @@ class RecallSettings:
     # would mostly match other people addressing them.
     speaker_weight: float = 0.5
     speaker_terms_in_text_query: bool = False
+    # Leave a query term out of the text lists when more than this share of all items
+    # contain it and the query has other terms (``None``: never; see "Common terms" in the
+    # module docstring).  At 0.5 or more no ranking among items that match another term
+    # changes, because bm25 gives such a term no weight.
+    common_term_share_max: float | None = None
 
     def __post_init__(self) -> None:
         assert 0 < self.candidate_depth <= recall_candidate_depth_max
         assert min(self.text_weight, self.context_weight, self.vector_weight) >= 0.0
         assert self.context_vector_weight >= 0.0
+        assert self.common_term_share_max is None or 0.0 < self.common_term_share_max <= 1.0
 
 
 @dataclass(frozen=True)
@@ -252,6 +280,11 @@ class MemoryIndex:
             else f"{embedder.fingerprint}|context{settings.context_vector_weight:g}"
         )
         self.vector_index_rebuilt = False
+        # Common-term pruning: term -> (items containing it, counted up to a cap?, the
+        # ``_items_written`` at counting time).  Read and written by recall's reader thread;
+        # single dict operations only (atomic under the interpreter lock).
+        self._term_counts: dict[str, tuple[int, bool, int]] = {}
+        self._items_written = 0
 
     @classmethod
     async def open(
@@ -420,6 +453,7 @@ class MemoryIndex:
             return ids, sequence
 
         ids, sequence = await self._database.write(write)
+        self._items_written += len(ids)
         for item_id, row in zip(ids, rows, strict=True):
             self._bitmaps.add(
                 item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker, bool(row.context)
@@ -475,6 +509,7 @@ class MemoryIndex:
     async def delete(self, keys: Sequence[str]) -> int:
         """Deletes items for good: they are never returned again, by any path."""
         ids = await self._database.write(lambda connection: _store.delete_items(connection, keys))
+        self._items_written += len(ids)
         self._bitmaps.deleted |= BitMap(ids)
         if self._vectors is not None:
             self._vectors.remove(ids)
@@ -596,7 +631,8 @@ class MemoryIndex:
             if query_vector is None:
                 query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
             vectors = self._vectors
-        text_match = None if parsed.is_empty or not allowed else parsed.match_expression()
+        searched = None if parsed.is_empty or not allowed else parsed
+        common_limit = self._common_term_limit(settings, searched)
         text_weights, context_weights = (
             settings.text_column_weights,
             settings.context_column_weights,
@@ -617,11 +653,25 @@ class MemoryIndex:
             # Python work that rides along with it.  The graph search rides along too, off
             # the event loop (usearch releases the interpreter lock; ``VectorIndex`` locks).
             lists: list[RankedList] = []
+            text_match = None
+            newest_only = False
+            if searched is not None:
+                kept = searched
+                if common_limit is not None:
+                    kept, newest_only = self._uncommon_terms(connection, searched, common_limit)
+                text_match = kept.match_expression()
             vector_ids = None
             if vectors is not None:
                 nearest = vectors.search(query_vector, depth, allowed=allowed)
                 vector_ids = [item_id for item_id, _ in nearest]
-            if text_match is not None:
+            if text_match is not None and newest_only:
+                text_ids = context_ids = _store.newest_matches(
+                    connection, text_match, allowed=allowed, depth=depth,
+                    facet_expression=facet_expression, candidates=candidates,
+                )
+                lists.append(RankedList("text", text_ids, settings.text_weight))
+                lists.append(RankedList("context", context_ids, settings.context_weight))
+            elif text_match is not None:
                 found = _store.text_search_lists(
                     connection,
                     text_match,
@@ -658,6 +708,50 @@ class MemoryIndex:
             ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
             hits.append(self._hit(row, score, ranks))
         return RecallResult(hits, "hybrid", degraded=degraded, candidates_total=candidates_total)
+
+    # -- common terms ----------------------------------------------------------------------
+
+    def _live_items(self) -> int:
+        return len(self._bitmaps.every_item) - len(self._bitmaps.deleted)
+
+    def _common_term_limit(self, settings: RecallSettings, query: TextQuery | None) -> int | None:
+        """How many items may contain a term before this recall leaves it out, or ``None``
+        when nothing is pruned (off, one term, or a small store)."""
+        share = settings.common_term_share_max
+        if share is None or query is None or len(query.terms) < 2:
+            return None
+        live = self._live_items()
+        if live < common_term_pruning_items_min:
+            return None
+        return int(live * share)
+
+    def _uncommon_terms(
+        self, connection: apsw.Connection, query: TextQuery, limit: int
+    ) -> tuple[TextQuery, bool]:
+        """``query`` without the terms more than ``limit`` items contain, and whether the
+        text list should instead be the newest items of the (common) query: when no other
+        term matches anything.  Runs in the recall's read: counts come from the text index
+        itself, cached per term (see ``term_counts_*``)."""
+        written = self._items_written
+        stale_after = max(term_counts_refresh_items_min, int(self._live_items() * term_counts_refresh_share))
+        kept = []
+        kept_matching = False
+        for term in query.terms:
+            cached = self._term_counts.get(term)
+            if cached is None or written - cached[2] > stale_after or (cached[1] and cached[0] <= limit):
+                if len(self._term_counts) >= term_counts_cached_max:
+                    self._term_counts.clear()
+                count = _store.matching_items(connection, TextQuery((term,)).match_expression(), cap=limit + 1)
+                cached = (count, count > limit, written)
+                self._term_counts[term] = cached
+            if cached[0] <= limit:
+                kept.append(term)
+                kept_matching = kept_matching or cached[0] > 0
+        if kept_matching:
+            return TextQuery(tuple(kept)), False
+        # Only common terms match: bm25 weighs them all ~zero, so the newest of their items
+        # stand in for a ranking that would cost a scan of most of the index.
+        return query, len(kept) < len(query.terms)
 
     @staticmethod
     def _hit(row: _store.ItemRow, score: float | None, ranks: dict[str, int]) -> RecallHit:

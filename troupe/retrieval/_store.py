@@ -343,6 +343,45 @@ def text_search_lists(
     return ranked
 
 
+def newest_matches(
+    connection: apsw.Connection,
+    match_expression: str,
+    *,
+    allowed: BitMap,
+    depth: int,
+    facet_expression: str | None,
+    candidates: int,
+) -> list[int]:
+    """Ids of the ``depth`` newest (highest id) matches in ``allowed``, unscored: for a query
+    whose terms bm25 weighs all alike (see ``MemoryIndex``'s common terms).  Over-fetches by
+    the bitmap's selectivity like ``text_search``."""
+    assert depth > 0
+    if len(allowed) == 0:
+        return []
+    selectivity = len(allowed) / max(candidates, len(allowed), 1)
+    limit = min(text_search_rows_max, int(depth / max(selectivity, 1e-6) * 1.5) + depth)
+    if facet_expression is not None:
+        match_expression = f"({match_expression}) AND {facet_expression}"
+    sql = "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ? ORDER BY rowid DESC LIMIT ?"
+    while True:
+        rows = [item_id for (item_id,) in connection.execute(sql, (match_expression, limit))]
+        hits = [item_id for item_id in rows if item_id in allowed]
+        if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
+            return hits[:depth]
+        limit = min(text_search_rows_max, limit * 8)
+
+
+def matching_items(connection: apsw.Connection, match_expression: str, *, cap: int) -> int:
+    """How many items match ``match_expression``, counting no further than ``cap`` (the
+    caller only needs to know whether a term is common; the count stops early if so)."""
+    assert cap > 0
+    (count,) = connection.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM retrieval_text WHERE retrieval_text MATCH ? LIMIT ?)",
+        (match_expression, cap),
+    ).fetchone()
+    return int(count)
+
+
 def fetch_items(connection: apsw.Connection, ids: Sequence[int]) -> dict[int, ItemRow]:
     found = {}
     for item_id in ids:

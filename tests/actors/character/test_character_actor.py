@@ -71,6 +71,7 @@ class ScriptedMemory:
         self.gates: dict[str, trio.Event] = {}
         self.started: list[str] = []
         self.closed = 0
+        self.changed = 0
 
     def gate(self, kind: str) -> trio.Event:
         self.gates[kind] = trio.Event()
@@ -130,6 +131,9 @@ class ScriptedMemory:
 
     async def query_memory(self, port, query, time):
         return None
+
+    def memory_changed(self, port):
+        self.changed += 1
 
     def close_stores(self, port):
         self.closed += 1

@@ -277,3 +277,34 @@ async def test_a_process_crash_loses_no_registered_task_and_no_claim_runs_twice(
     assert not await engine.write(lambda c: complete_task(c, "task_1", lost.claim, base_time + 2))
     assert await engine.write(lambda c: complete_task(c, "task_1", again.claim, base_time + 2))
     await engine.aclose()
+
+
+async def test_claims_follow_registration_order_across_pending_and_expired_running_tasks(engine):
+    # The claim reads pending and lease-expired running tasks as two index scans merged by
+    # seq: the older of the two must still come first, whichever state it is in.
+    await register(engine, "task_old")
+    hung = await claim(engine)
+    assert hung.task_id == "task_old"
+    await register(engine, "task_new", kind="history_review")
+    later = base_time + claim_lease_seconds
+    assert (await claim(engine, now=later)).task_id == "task_old"
+    assert (await claim(engine, now=later)).task_id == "task_new"
+    await register(engine, "task_a", kind="post_turn_signal")
+    await register(engine, "task_b", kind="promotion")
+    assert (await claim(engine, now=later, kinds=["promotion"])).task_id == "task_b"
+    assert await claim(engine, now=later, kinds=["promotion"]) is None
+
+
+async def test_pruning_at_the_cap_keeps_the_newest_finished_of_every_state(engine, monkeypatch):
+    monkeypatch.setattr(_outbox, "outbox_finished_tasks_per_character_max", 2)
+    await register(engine, "task_failed", attempts_max=1)
+    failing = await claim(engine)
+    await engine.write(lambda c: fail_task(c, "task_failed", failing.claim, base_time, "boom"))
+    await register(engine, "task_cancelled")
+    await engine.write(lambda c: cancel_tasks(c, "小天", base_time))
+    await register(engine, "task_done")
+    done = await claim(engine)
+    await engine.write(lambda c: complete_task(c, done.task_id, done.claim, base_time))
+    assert await engine.read(lambda c: get_task(c, "task_failed")) is None
+    assert (await engine.read(lambda c: get_task(c, "task_cancelled"))).state == "cancelled"
+    assert (await engine.read(lambda c: get_task(c, "task_done"))).state == "done"

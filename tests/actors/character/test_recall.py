@@ -177,9 +177,13 @@ async def test_index_follows_the_store(engine) -> None:
         add_facts(connection, "小天", [NewFact("fact_new", "主人最近爱喝抹茶拿铁")], utc(2026, 5, 5))
 
     await engine.write(change)
-    # No explicit sync: recall syncs first, so acknowledged writes are always visible.
+    # Not marked: recall answers from the index as it was, without a read per query.
+    assert {hit.id for hit in (await ask(recall, "寿司")).results} == {"fact_sushi", "reflection_food"}
+    # The writer (the actor, after every write that can change memories) marks the handle;
+    # the next recall syncs first, so acknowledged writes are visible.
+    recall.mark_stale()
     tiers = {hit.id: hit.tier for hit in (await ask(recall, "寿司")).results}
-    assert tiers == {"fact_sushi": "fact_archive"}
+    assert tiers == {"fact_sushi": "fact_archive"} and not recall.stale
     assert [hit.id for hit in (await ask(recall, "抹茶")).results] == ["fact_new"]
     assert recall.indexed_count == 5
 
@@ -244,3 +248,34 @@ def test_query_memory_problem_limits() -> None:
     assert query_memory_problem(None, "2" * (time_characters_max + 1)) is not None
     assert query_memory_problem(3, None) is not None
     assert query_memory_problem(None, ["2026"]) is not None
+
+
+async def test_host_and_characters_share_one_index_and_one_migration(nursery, tmp_path) -> None:
+    from troupe.actors.character import character_surface_migrations
+    from troupe.actors.host import NewMemory, host_memory_indexes, host_migrations, store_memories
+    from troupe.auth import auth_migrations
+    from troupe.retrieval import RecallFilter, retrieval_migration, shared_memory_indexes
+
+    # Both surfaces declare the very same retrieval migration object: merged by value, as the
+    # server's ``surface_migrations`` does, it runs once.
+    merged = list(dict.fromkeys([*auth_migrations, *host_migrations, *character_surface_migrations]))
+    assert retrieval_migration in host_migrations and retrieval_migration in character_surface_migrations
+    assert sum(migration.component == "retrieval" for migration in merged) == len(
+        [m for m in character_surface_migrations if m.component == "retrieval"])
+    env = Env(clock=RealClock(), random=SimRandom(1), ids=SimIds(),
+              storage=SimStorageOpener(str(tmp_path / "data"), None), executor=InlineExecutor())
+    engine = await Engine.open(env, nursery=nursery, migrations=merged)
+    await seed(engine)
+    indexes = CharacterRecallIndexes()
+    recall = await indexes.open_character(engine, "小天")
+    host_index = await host_memory_indexes.index_for(engine)
+    assert host_index is recall.index is await shared_memory_indexes.index_for(engine)
+    moment = datetime.datetime(2026, 5, 1, tzinfo=datetime.UTC)
+    await store_memories(engine, host_index, [NewMemory(
+        content="小林也喜欢吃寿司", kind="fact", stance="neutral", lifecycle="stable", belief=0.9,
+        people=["小林"], sources=[("a", 1)], occurred_at=moment, entry_id="a")], created_at=1.0)
+    # One index, separate tenants: neither side recalls the other's items.
+    assert "fact_sushi" in {hit.id for hit in (await ask(recall, "寿司")).results}
+    assert all(not hit.text.startswith("小林") for hit in (await ask(recall, "寿司")).results)
+    host_hits = await host_index.recall("寿司", recall_filter=RecallFilter("host"), limit=10)
+    assert [hit.text for hit in host_hits.hits] == ["小林也喜欢吃寿司"]

@@ -26,13 +26,31 @@ Why the pieces fit this way:
   crash, a cancellation or a stale claim therefore never applies a task's effects twice.
 - **Claims and generations** (``/release_character``, ``/reload``): a live claim closes
   derived-task admission (every outbox kind but ``recent_compression``): the running derived
-  task is cancelled, nothing derived is claimed until the claim is gone.  ``hold_admission``
+  task is cancelled, nothing derived is claimed until the claim is gone.  It also closes the
+  character's stores: the recall handle is dropped and ``/query_memory`` answers
+  ``MemoryUnavailable`` (503) until a reload ends the claim (durable, as the claims are; a
+  foreground write does not reopen them).  ``hold_admission``
   additionally cancels the character's pending derived tasks and keeps its stores closed
   (foreground writes answer ``status: "error"``, recall answers 503) until reload publishes.
   A token that a reload released, or that publication removed, is remembered (bounded) and a
   later release with it is refused (``ClaimRefused``: replayed or revoked); so is a claim that
   captured a generation older than the published one.  ``ReloadCharacter`` releases exactly
   the listed tokens and publishes a generation, removing only claims of older generations.
+
+- **The background kinds** (``StoreMemory.run_task``): the post-turn signal extracts facts;
+  ``history_review`` reads the dialogue past its cursor, denies the reflections a negative
+  remark targets and records persona corrections, each with a ``correction`` task that
+  applies it (``/cancel_correction`` cancels both); ``reflection_synthesis`` adds up to
+  ``reflections_per_synthesis_max`` reflections; ``promotion`` runs one bounded lifecycle pass
+  (confirm, promote or merge into the persona, archive); ``index_catch_up`` syncs the recall
+  index.  Every transition logs its funnel event in the completing write, and a write that
+  changed facts or reflections marks the recall handle stale (``memory_changed``).
+- **The periodic loop**: a durable reminder (``memory_loop``, every
+  ``memory_loop_interval_seconds``) registers a synthesis and a promotion task, coalesced with
+  ones still pending.  The character's first write after activation arms it; it re-arms
+  itself until the character has been silent for ``memory_loop_idle_seconds_max``.
+  ``/reflect`` synthesises one reflection at once and queues promotion (fire and forget, so
+  ``auto_transitions`` is 0).
 
 A crash discards the instance: claims, the settle lock and the outbox are durable, so the next
 activation restores them; waiting requests re-ask (``ask_waiting``) and are queued again.
@@ -49,7 +67,7 @@ import apsw
 import trio
 
 from troupe.runtime import Actor, ActorContext, ActorKind, Env, TaskEnded
-from troupe.storage import StorageError, state_get, state_put
+from troupe.storage import StorageError, reminder_set, reminders_for, state_get, state_put
 
 from ._funnel import funnel_counts
 from ._lifecycle import CharacterComponents
@@ -131,6 +149,15 @@ outbox_task_seconds_max = 300.0
 """One task's work (model calls); longer is a failed attempt."""
 character_mailbox_messages_max = 256
 task_id_prefix = "task_"
+memory_loop_reminder_name = "memory_loop"
+memory_loop_interval_seconds = 3_600.0
+"""The periodic synthesis and promotion loop of a character runs this often (a durable
+reminder, armed by the character's first write after activation)."""
+memory_loop_idle_seconds_max = 30 * 24 * 3_600.0
+"""The loop stops re-arming itself once the last conversation is older than this (the next
+write arms it again): longer than a pending reflection's expiry plus its promotion delay."""
+loop_dedupe_keys = {"reflection_synthesis": "synthesis", "promotion": "promotion"}
+"""What one loop run registers (coalesced with a registration still pending)."""
 
 assert claim_tokens_per_character_max <= released_claim_tokens_max
 assert outbox_tasks_per_run_max >= 1
@@ -198,6 +225,11 @@ class CharacterMemory(Protocol):
         """``MemoryResults`` | ``MemoryUnavailable`` (``_recall.query_memory``)."""
         ...
 
+    def memory_changed(self, port: CharacterPort) -> None:
+        """A write that may have changed the character's facts or reflections committed
+        (task effects, ``/reflect``): recall must see it before its next answer."""
+        ...
+
     def close_stores(self, port: CharacterPort) -> bool:
         """Forget the character's in-memory stores and indexes (release, reload); they are
         rebuilt from storage on next use.  True when something was open."""
@@ -210,6 +242,23 @@ class CharacterSettings:
     components: CharacterComponents = field(default_factory=CharacterComponents)
     outbox_task_seconds_max: float = outbox_task_seconds_max
     outbox_tasks_per_run_max: int = outbox_tasks_per_run_max
+    memory_loop_interval_seconds: float = memory_loop_interval_seconds
+    memory_loop_idle_seconds_max: float = memory_loop_idle_seconds_max
+
+    def __post_init__(self) -> None:
+        assert 0 < self.memory_loop_interval_seconds <= self.memory_loop_idle_seconds_max
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMemoryLoop:
+    """Run the periodic loop now: register a synthesis and a promotion task (what the
+    ``memory_loop`` reminder does; operators and tests may send it).  → ``MemoryLoopQueued``."""
+
+
+@dataclass(frozen=True)
+class MemoryLoopQueued:
+    tasks: int
+    """Tasks registered (a registration still pending coalesces: 0 then)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +321,7 @@ class CharacterActor(Actor):
         self.components_generation = settings.components.generation
         self.stores_open = True
         self.cancelled_while_running = 0
+        self.loop_armed = False
 
     # -- activation ------------------------------------------------------------------------
 
@@ -279,14 +329,18 @@ class CharacterActor(Actor):
         name = self.name
         now = self.context.env.clock.wall()
 
-        def restore(connection: apsw.Connection) -> tuple[Any, list[OutboxTask]]:
+        def restore(connection: apsw.Connection) -> tuple[Any, list[OutboxTask], bool]:
             # The previous incarnation's claims on running tasks died with it.
             recover_claims(connection, name, now)
-            return state_get(connection, claims_state_kind, name), active_tasks(connection, name, [compression_kind])
+            armed = any(reminder.name == memory_loop_reminder_name
+                        for reminder in reminders_for(connection, character_kind_name, name))
+            return (state_get(connection, claims_state_kind, name),
+                    active_tasks(connection, name, [compression_kind]), armed)
 
-        stored, compressions = await self.context.storage.write(restore)
+        stored, compressions, self.loop_armed = await self.context.storage.write(restore)
         self.claims = Claims.decode(stored)
-        self.stores_open = not self.claims.held
+        # A release closes the stores until a reload ends its claim (durable: the claims).
+        self.stores_open = not self.claims.live
         self.settling = any(_detailed(task) for task in compressions)
         self._pump()
 
@@ -297,6 +351,8 @@ class CharacterActor(Actor):
     async def on_reminder(self, name: str, payload: Any) -> None:
         if name == outbox_reminder_name:
             self._pump()
+        elif name == memory_loop_reminder_name:
+            await self._memory_loop(rearm=True)
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -342,6 +398,8 @@ class CharacterActor(Actor):
             return await self._cancel_correction()
         if isinstance(message, Funnel):
             return await self._funnel(message)
+        if isinstance(message, RunMemoryLoop):
+            return MemoryLoopQueued(await self._memory_loop(rearm=False))
         if isinstance(message, CharacterStatus):
             return await self._status()
         raise TypeError(f"unexpected message {type(message).__name__}")
@@ -367,8 +425,11 @@ class CharacterActor(Actor):
         generation = self.claims.generation
         plan = _tasks_for(route, len(messages))
         task_ids = [env.ids.new_id(task_id_prefix) for _ in plan]
+        loop_due = None if self.loop_armed else now + self.settings.memory_loop_interval_seconds
 
         def write(connection: apsw.Connection) -> int:
+            if loop_due is not None:
+                reminder_set(connection, character_kind_name, name, memory_loop_reminder_name, loop_due, None)
             count = memory.append_history(connection, name, messages, now, only_uncached=route == "settle")
             for task_id, (kind, payload, dedupe_key) in zip(task_ids, plan, strict=True):
                 if kind == "post_turn_signal" and count == 0:
@@ -385,7 +446,9 @@ class CharacterActor(Actor):
             return CharacterFailed("the history could not be stored")
         if route in ("renew", "settle"):
             self.settling = True
-        self.stores_open = True
+        if loop_due is not None:
+            self.context.reminder_armed(memory_loop_reminder_name, loop_due)
+            self.loop_armed = True
         self._pump()
         if route == "cache":
             return HistoryCached(count)
@@ -491,7 +554,7 @@ class CharacterActor(Actor):
                     claims.retire(token)
         await self._save_claims()
         self.memory.close_stores(self._port())
-        self.stores_open = not claims.held
+        self.stores_open = not claims.live
         self._pump()
         return CharacterReloaded(self.name, len(message.release_tokens), claims.generation, not claims.live)
 
@@ -568,7 +631,13 @@ class CharacterActor(Actor):
                 effects(connection)
             return True
 
-        completed = await storage.write(finish)
+        try:
+            completed = await storage.write(finish)
+        finally:
+            # Also when the write failed: whether it committed may be unknown, and a recall
+            # that syncs for nothing costs one read.
+            if effects is not None:
+                self.memory.memory_changed(self._port())
         self.context.trace("character_task", task=task.kind, completed=completed)
 
     async def _task_ended(self, ended: TaskEnded) -> None:
@@ -598,12 +667,38 @@ class CharacterActor(Actor):
             await self.context.set_reminder(outbox_reminder_name, max(due, now))
         return None
 
+    async def _memory_loop(self, *, rearm: bool) -> int:
+        """One run of the periodic loop: register the synthesis and promotion tasks (each
+        bounded per run, see ``StoreMemory``), and with ``rearm`` set the next reminder while
+        the character is not idle.  Returns how many tasks were registered."""
+        name, env = self.name, self.context.env
+        now, generation = env.clock.wall(), self.claims.generation
+        task_ids = {kind: env.ids.new_id(task_id_prefix) for kind in loop_dedupe_keys}
+
+        def write(connection: apsw.Connection) -> tuple[int, float | None]:
+            registered = 0
+            for kind, dedupe_key in loop_dedupe_keys.items():
+                task = register_task(connection, name, task_id=task_ids[kind], kind=kind, payload={},
+                                     generation=generation, now=now, dedupe_key=dedupe_key)
+                registered += task is not None and task.task_id == task_ids[kind]
+            return registered, self.memory.last_conversation_at(connection, name)
+
+        registered, last = await self.context.storage.write(write)
+        if rearm:
+            active = last is not None and now - last <= self.settings.memory_loop_idle_seconds_max
+            if active:
+                await self.context.set_reminder(memory_loop_reminder_name,
+                                                now + self.settings.memory_loop_interval_seconds)
+            self.loop_armed = active
+        self._pump()
+        return registered
+
     # -- reads and small writes ------------------------------------------------------------
 
     async def _query_memory(self, message: QueryMemory) -> Any:
-        if self.claims.held:
+        if self.claims.live or not self.stores_open:
+            # ``/release_character`` released the stores: closed until a reload ends the claim.
             return MemoryUnavailable("the character is released until the next reload")
-        self.stores_open = True
         return await self.memory.query_memory(self._port(), message.query, message.time)
 
     async def _gap(self) -> ConversationGap:
@@ -634,6 +729,9 @@ class CharacterActor(Actor):
         except StorageError:
             logger.exception("storing the reflection of %r failed", name)
             return ReflectResult(None)
+        finally:
+            if effects is not None:
+                self.memory.memory_changed(self._port())
         self._pump()
         return ReflectResult(reflection)
 
@@ -657,8 +755,15 @@ class CharacterActor(Actor):
         if running:
             self.context.cancel_task(outbox_task_name)
             self.running_task = None
-        count = await self.context.storage.write(
-            lambda connection: cancel_tasks(connection, name, now, kinds=["correction"]))
+        def cancel(connection: apsw.Connection) -> int:
+            from ._store import list_corrections, set_correction_state
+
+            # The proposals wait with their tasks: cancel both, so neither is applied later.
+            for correction in list_corrections(connection, name, ("pending",)):
+                set_correction_state(connection, correction.id, "cancelled", now)
+            return cancel_tasks(connection, name, now, kinds=["correction"])
+
+        count = await self.context.storage.write(cancel)
         return CorrectionCancelled("cancelled" if count or running else "no_task")
 
     async def _funnel(self, message: Funnel) -> FunnelCounts:
@@ -704,6 +809,26 @@ def _tasks_for(route: str, count: int) -> list[tuple[str, dict[str, Any], str | 
 post_turn_rows_per_task_max = 200
 """Raw rows one post-turn task reads past its cursor (the rest wait for the next task)."""
 post_turn_cursor = "post_turn"
+review_rows_per_task_max = 200
+"""Raw rows one history review reads past its cursor."""
+review_cursor = "history_review"
+corrections_per_review_max = 4
+"""Persona corrections one history review may propose."""
+reflections_per_synthesis_max = 4
+"""Reflections one synthesis task (one loop run) may add."""
+synthesis_facts_max = 1_000
+"""Newest active facts a synthesis considers."""
+synthesis_reflections_read_max = 20_000
+"""Reflections read to know which facts were already used (the store keeps at most 10,000
+live and 10,000 archived)."""
+lifecycle_statuses = ("pending", "confirmed", "denied")
+lifecycle_reflections_per_status_max = 200
+"""Reflections of each status one lifecycle pass considers (oldest first)."""
+lifecycle_facts_max = 500
+"""Newest active facts a lifecycle pass checks for support (each against each pending
+reflection: the pass is quadratic in these two bounds)."""
+
+assert reflections_per_synthesis_max >= 1 and corrections_per_review_max >= 1
 
 
 class StoreMemory:
@@ -711,9 +836,12 @@ class StoreMemory:
     texts, ``_recall`` for ``/query_memory``, ``_reflection`` (through ``models``) for the
     background work."""
 
-    def __init__(self, models: Any = None, recall_indexes: Any = None) -> None:
+    def __init__(self, models: Any = None, recall_indexes: Any = None, lifecycle: Any = None) -> None:
+        from ._reflection import LifecycleSettings
+
         self.models = models
         self.recall_indexes = recall_indexes
+        self.lifecycle = lifecycle if lifecycle is not None else LifecycleSettings()
 
     def _models(self, port: CharacterPort) -> Any:
         from ._reflection import ReflectionModels
@@ -788,24 +916,55 @@ class StoreMemory:
         now = port.env.clock.wall()
         return await port.storage.read(lambda connection: load_followup_topics(connection, port.name, now=now))
 
-    async def reflect(self, port: CharacterPort) -> tuple[dict[str, Any] | None, Effects | None]:
-        from ._reflection import reflection_summary, synthesise_reflection, unreflected_facts
-        from ._store import add_reflection, list_facts, list_reflections
+    async def _synthesis_inputs(self, port: CharacterPort) -> list[Any]:
+        """The facts no reflection (of any status) was made from yet, of the newest
+        ``synthesis_facts_max`` active facts."""
+        from ._reflection import unreflected_facts
+        from ._store import list_facts, list_reflections, reflection_statuses
 
         def read(connection: apsw.Connection) -> tuple[list[Any], list[Any]]:
-            return list_facts(connection, port.name), list_reflections(connection, port.name)
+            return (list_facts(connection, port.name, limit=synthesis_facts_max),
+                    list_reflections(connection, port.name, reflection_statuses,
+                                     limit=synthesis_reflections_read_max))
 
         facts, reflections = await port.storage.read(read)
-        reflection = await synthesise_reflection(
-            self._models(port), unreflected_facts(facts, reflections), new_id=port.env.ids.new_id)
-        if reflection is None:
-            return None, None
+        return unreflected_facts(facts, reflections)
+
+    async def _synthesise(self, port: CharacterPort, count_max: int) -> list[Any]:
+        """Up to ``count_max`` new reflections over disjoint sets of unreflected facts."""
+        from ._reflection import synthesise_reflection
+
+        remaining = await self._synthesis_inputs(port)
+        reflections: list[Any] = []
+        while len(reflections) < count_max:
+            reflection = await synthesise_reflection(self._models(port), remaining, new_id=port.env.ids.new_id)
+            if reflection is None:
+                break
+            reflections.append(reflection)
+            used = set(reflection.source_fact_ids)
+            remaining = [fact for fact in remaining if fact.id not in used]
+        return reflections
+
+    def _adding_reflections(self, port: CharacterPort, reflections: Sequence[Any]) -> Effects:
+        from ._store import add_reflection
+
         now = port.env.clock.wall()
+        follow_up = self._index_follow_up(port)
 
         def effects(connection: apsw.Connection) -> None:
-            add_reflection(connection, port.name, reflection, now)
+            for reflection in reflections:
+                add_reflection(connection, port.name, reflection, now)  # reflections_synthesized
+            follow_up(connection)
 
-        return reflection_summary(reflection), effects
+        return effects
+
+    async def reflect(self, port: CharacterPort) -> tuple[dict[str, Any] | None, Effects | None]:
+        from ._reflection import reflection_summary
+
+        reflections = await self._synthesise(port, 1)
+        if not reflections:
+            return None, None
+        return reflection_summary(reflections[0]), self._adding_reflections(port, reflections)
 
     async def run_task(self, port: CharacterPort, task: OutboxTask) -> Effects | None:
         if task.kind == compression_kind:
@@ -813,11 +972,153 @@ class StoreMemory:
         if task.kind in ("post_turn_signal", "fact_extraction"):
             return await self._extract_facts(port)
         if task.kind == "reflection_synthesis":
-            summary, effects = await self.reflect(port)
-            return effects
-        # history_review, promotion, correction, index_catch_up: the memory slice's lifecycle
-        # work (``plan_lifecycle``, ``propose_correction``) is not wired here yet.
-        return None
+            reflections = await self._synthesise(port, reflections_per_synthesis_max)
+            return self._adding_reflections(port, reflections) if reflections else None
+        if task.kind == "promotion":
+            return await self._advance_lifecycle(port)
+        if task.kind == "history_review":
+            return await self._review_history(port)
+        if task.kind == "correction":
+            return await self._apply_correction(port, task)
+        if task.kind == "index_catch_up":
+            recall = self._indexes().opened(port.storage, port.name)
+            if recall is not None:
+                await recall.sync()
+            return None
+        raise ValueError(f"unknown outbox task kind {task.kind!r}")
+
+    def _index_follow_up(self, port: CharacterPort) -> Effects:
+        """Registers (coalesced) the background catch-up of the recall index after a write
+        that changed facts or reflections, so the next query need not index them itself."""
+        task_id, now = port.env.ids.new_id(task_id_prefix), port.env.clock.wall()
+
+        def register(connection: apsw.Connection) -> None:
+            register_task(connection, port.name, task_id=task_id, kind="index_catch_up", payload={},
+                          generation=port.generation, now=now, dedupe_key="index")
+
+        return register
+
+    async def _advance_lifecycle(self, port: CharacterPort) -> Effects | None:
+        """One bounded pass of the reflection lifecycle (``plan_lifecycle``): confirm,
+        promote or merge, archive; every transition and persona write logs its funnel event
+        (the store functions do it in the same job)."""
+        from ._reflection import plan_lifecycle
+        from ._store import list_facts, list_persona_entries, list_reflections
+
+        def read(connection: apsw.Connection) -> tuple[list[Any], list[Any], list[Any]]:
+            reflections = [
+                reflection
+                for status in lifecycle_statuses
+                for reflection in list_reflections(connection, port.name, (status,),
+                                                   limit=lifecycle_reflections_per_status_max)
+            ]
+            return (reflections, list_facts(connection, port.name, limit=lifecycle_facts_max),
+                    list_persona_entries(connection, port.name))
+
+        reflections, facts, entries = await port.storage.read(read)
+        if not reflections:
+            return None
+        now = port.env.clock.wall()
+        plan = await plan_lifecycle(self._models(port), reflections, facts, entries, now=now,
+                                    new_id=port.env.ids.new_id, settings=self.lifecycle)
+        if plan.is_empty:
+            return None
+        follow_up = self._index_follow_up(port)
+
+        def effects(connection: apsw.Connection) -> None:
+            _apply_plan(connection, port.name, plan)
+            follow_up(connection)
+
+        return effects
+
+    async def _review_history(self, port: CharacterPort) -> Effects | None:
+        """Reads the dialogue past the review cursor: a user's negative remark denies the
+        reflection it targets (emotion tier); a trusted correction ("其实我现在…") becomes a
+        pending persona correction with its own ``correction`` task (correction tier), which
+        ``/cancel_correction`` may still cancel."""
+        from ._outbox import cursor_get, cursor_put
+        from ._reflection import DialogueLine, detect_denials, propose_correction
+        from ._store import (
+            list_persona_entries,
+            list_reflections,
+            read_time_indexed,
+            record_correction,
+            transition_reflection,
+        )
+
+        def read(connection: apsw.Connection) -> tuple[list[Any], list[Any], list[Any]]:
+            cursor = cursor_get(connection, port.name, review_cursor)
+            return (read_time_indexed(connection, port.name, cursor, review_rows_per_task_max),
+                    list_reflections(connection, port.name), list_persona_entries(connection, port.name))
+
+        rows, reflections, entries = await port.storage.read(read)
+        if not rows:
+            return None
+        models, now = self._models(port), port.env.clock.wall()
+        lines = [DialogueLine(row.role, row.content_text, row.at) for row in rows]
+        denials = await detect_denials(models, lines, reflections, now=now)
+        proposals = []
+        for line in lines:
+            if len(proposals) >= corrections_per_review_max:
+                break
+            if line.role == "user":
+                proposal = await propose_correction(models, entries, line.text)
+                if proposal is not None:
+                    proposals.append((port.env.ids.new_id("correction_"), port.env.ids.new_id(task_id_prefix),
+                                      proposal))
+        position = rows[-1].seq
+        follow_up = self._index_follow_up(port)
+
+        def effects(connection: apsw.Connection) -> None:
+            for denial in denials:
+                transition_reflection(connection, port.name, denial.reflection_id, "denied", now)
+            for correction_id, task_id, proposal in proposals:
+                task = register_task(connection, port.name, task_id=task_id, kind="correction",
+                                     payload={"correction_id": correction_id}, generation=port.generation,
+                                     now=now)
+                if task is not None:
+                    record_correction(connection, port.name, correction_id, proposal.entry_id,
+                                      proposal.proposed_text, task_id, now)
+            # The cursor moves with the work it covers, in the completing write: exactly once.
+            cursor_put(connection, port.name, review_cursor, position, now)
+            if denials:
+                follow_up(connection)
+
+        return effects
+
+    async def _apply_correction(self, port: CharacterPort, task: OutboxTask) -> Effects | None:
+        """Applies a pending persona correction (``persona_entries_rewritten``); one that
+        was cancelled meanwhile, or whose entry is gone, is not applied."""
+        from ._reflection import CorrectionProposal, apply_correction
+        from ._store import (
+            get_correction,
+            get_persona_entry,
+            rewrite_persona_entry,
+            set_correction_state,
+        )
+
+        correction_id = task.payload.get("correction_id")
+        if not isinstance(correction_id, str):
+            return None
+        correction = await port.storage.read(lambda connection: get_correction(connection, correction_id))
+        if correction is None or correction.state != "pending" or correction.name != port.name:
+            return None
+        now = port.env.clock.wall()
+
+        def effects(connection: apsw.Connection) -> None:
+            entry = None
+            if correction.entry_id is not None:
+                entry = get_persona_entry(connection, port.name, correction.entry_id)
+            if entry is None or entry.status != "active":
+                set_correction_state(connection, correction_id, "rejected", now)
+                return
+            if not set_correction_state(connection, correction_id, "applied", now):
+                return  # cancelled after this task read it
+            proposal = CorrectionProposal(entry.id, entry.section, correction.proposed_text)
+            write = apply_correction(entry, proposal, now=now)
+            rewrite_persona_entry(connection, port.name, entry.id, write.text, now)
+
+        return effects
 
     async def _compress(self, port: CharacterPort, detailed: bool) -> Effects | None:
         from ._context import history_summary_meta_key
@@ -872,8 +1173,37 @@ class StoreMemory:
         recall = await self._indexes().open_character(port.storage, port.name, embedder=port.env.embedder)
         return await query_memory(recall, query, time, clock=port.env.clock)
 
+    def memory_changed(self, port: CharacterPort) -> None:
+        recall = self._indexes().opened(port.storage, port.name)
+        if recall is not None:
+            recall.mark_stale()
+
     def close_stores(self, port: CharacterPort) -> bool:
         return bool(self._indexes().release(port.storage, port.name))
+
+
+def _apply_plan(connection: apsw.Connection, name: str, plan: Any) -> None:
+    """A lifecycle plan's transitions and persona writes, each logging its funnel event.
+    A transition the store refuses (the reflection moved meanwhile) is skipped."""
+    from ._store import (
+        NewPersonaEntry,
+        add_persona_entry,
+        archive_persona_entry,
+        rewrite_persona_entry,
+        transition_reflection,
+    )
+
+    for transition in plan.transitions:
+        transition_reflection(connection, name, transition.reflection_id, transition.to_status, transition.at,
+                              merged_into=transition.merged_into)
+    for write in plan.persona_writes:
+        if write.action == "add":
+            add_persona_entry(connection, name, NewPersonaEntry(write.entry_id, write.text, write.section,
+                                                                write.source), write.at)
+        elif write.action == "rewrite":
+            rewrite_persona_entry(connection, name, write.entry_id, write.text, write.at)
+        else:
+            archive_persona_entry(connection, name, write.entry_id, write.at)
 
 
 def _text_of(content: Any) -> str:
@@ -911,6 +1241,8 @@ __all__ = [
     "CharacterMemory",
     "CharacterPort",
     "CharacterSettings",
+    "MemoryLoopQueued",
+    "RunMemoryLoop",
     "StoreMemory",
     "Claims",
     "Effects",
@@ -920,6 +1252,9 @@ __all__ = [
     "claims_state_kind",
     "compression_kind",
     "derived_task_kinds",
+    "memory_loop_idle_seconds_max",
+    "memory_loop_interval_seconds",
+    "memory_loop_reminder_name",
     "outbox_task_name",
     "outbox_task_seconds_max",
     "outbox_tasks_per_run_max",

@@ -43,8 +43,9 @@ task's completion is still refused because it no longer exists).
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +181,9 @@ def get_task(connection: apsw.Connection, task_id: str) -> OutboxTask | None:
     return None if row is None else _task(row)
 
 
+_kind_column = _columns.split(", ").index("kind")
+
+
 def active_task_count(connection: apsw.Connection, name: str) -> int:
     (count,) = connection.execute(
         "SELECT COUNT(*) FROM character_outbox WHERE name = ? AND state IN ('pending', 'running')",
@@ -211,16 +215,10 @@ def claim_next(connection: apsw.Connection, name: str, now: float,
     ``available_at <= now``, or ``running`` with a claim older than ``claim_lease_seconds``.
     Run it inside a write job: the claim is durable before the work starts."""
     wanted = None if kinds is None else set(kinds)
-    rows = connection.execute(
-        f"SELECT {_columns} FROM character_outbox WHERE name = ? AND "
-        "((state = 'pending' AND available_at <= ?) OR (state = 'running' AND claimed_at <= ?)) "
-        "ORDER BY seq",
-        (name, now, now - claim_lease_seconds),
-    )
-    for row in rows:
+    for row in _claimable_rows(connection, name, now):
+        if wanted is not None and row[_kind_column] not in wanted:
+            continue  # before decoding the payload: most rows a kind filter skips are cheap
         task = _task(row)
-        if wanted is not None and task.kind not in wanted:
-            continue
         if task.attempts >= task.attempts_max:
             # An abandoned claim on the last attempt: nothing left to try.
             _finish(connection, task, task_state_failed, now, "attempts exhausted")
@@ -235,6 +233,25 @@ def claim_next(connection: apsw.Connection, name: str, now: float,
         )
         return get_task(connection, task.task_id)
     return None
+
+
+def _claimable_rows(connection: apsw.Connection, name: str, now: float) -> Iterator[tuple]:
+    """The claimable rows of ``name`` in ``seq`` order, read lazily: the due ``pending`` ones
+    and the ``running`` ones whose lease ran out.  Two range scans of the ``(name, state,
+    seq)`` index merged here, because one query with ``state = ... OR state = ...`` makes
+    SQLite read every row of the character (the finished ones kept for diagnostics too) and
+    sort them, on every claim."""
+    pending = connection.execute(
+        f"SELECT {_columns} FROM character_outbox WHERE name = ? AND state = 'pending' "
+        "AND available_at <= ? ORDER BY seq",
+        (name, now),
+    )
+    running = connection.execute(
+        f"SELECT {_columns} FROM character_outbox WHERE name = ? AND state = 'running' "
+        "AND claimed_at <= ? ORDER BY seq",
+        (name, now - claim_lease_seconds),
+    )
+    return heapq.merge(pending, running, key=lambda row: row[0])
 
 
 def complete_task(connection: apsw.Connection, task_id: str, claim: str, now: float) -> bool:
@@ -353,9 +370,16 @@ def _finish(connection: apsw.Connection, task: OutboxTask, state: str, now: floa
     ).fetchone()
     if count > outbox_finished_tasks_per_character_max:
         excess = count - outbox_finished_tasks_per_character_max
+        # The oldest finished rows: one index range scan per finished state (each reads at
+        # most ``excess`` rows), not a sort of every finished row of the character.
+        per_state = " UNION ALL ".join(
+            "SELECT * FROM (SELECT seq FROM character_outbox WHERE name = ?1 AND state = "
+            f"'{state}' ORDER BY seq LIMIT ?2)"
+            for state in task_states_finished
+        )
         connection.execute(
-            "DELETE FROM character_outbox WHERE seq IN (SELECT seq FROM character_outbox "
-            "WHERE name = ? AND state IN ('done', 'failed', 'cancelled') ORDER BY seq LIMIT ?)",
+            f"DELETE FROM character_outbox WHERE seq IN (SELECT seq FROM ({per_state}) "
+            "ORDER BY seq LIMIT ?2)",
             (task.name, excess),
         )
         connection.execute(

@@ -34,6 +34,7 @@ Lifecycle of a reflection (``plan_lifecycle``), each arrow a funnel counter:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import unicodedata
@@ -175,8 +176,10 @@ def normalised_text(text: str) -> str:
     return "".join(character for character in folded if character.isalnum())
 
 
+@functools.lru_cache(maxsize=4096)
 def text_features(text: str) -> frozenset[str]:
-    """Words and Chinese character pairs (single characters for one-character runs)."""
+    """Words and Chinese character pairs (single characters for one-character runs).
+    Cached: a lifecycle pass compares every candidate fact with every reflection."""
     folded = unicodedata.normalize("NFKC", text).casefold()
     features = {word for word in _word.findall(folded) if not _cjk_run.fullmatch(word)}
     for run in _cjk_run.findall(folded):

@@ -12,17 +12,17 @@ adds them to the index.  A crash between the two leaves rows without index items
 an acknowledged memory is never unrecallable for long and never indexed twice (the index
 refuses duplicate keys, and catch-up only adds missing ones).
 
-One index per engine: ``MemoryIndex`` keeps caches (bitmaps, the vector graph) that only its
-own writes update, so every user of an engine — the learning worker that stores, the prepare
-and search handlers that recall — must share one instance.  ``MemoryIndexes.index_for(engine,
-embedder)`` opens it on first use and hands the same object afterwards; it is keyed weakly by
-the engine, so a simulator lifetime with a new engine gets a new index.  ``host_memory_indexes``
-is the process's instance.
+One index per engine, shared with every surface: ``MemoryIndex`` keeps caches (bitmaps, the
+vector graph) that only its own writes update, so every user of an engine — the learning
+worker that stores, the prepare and search handlers that recall, and the character surface's
+recall (its own tenants) — must share one instance.  ``troupe.retrieval.shared_memory_indexes``
+opens it; ``HostMemoryIndexes.index_for(engine, embedder)`` (``host_memory_indexes`` is the
+process's instance; ``MemoryIndexes`` is its historic name) takes that index and runs the
+host's ``catch_up_index`` once per engine before handing it out.
 
-The retrieval tables' FTS5 tokenizer must be registered on every connection that touches
-them.  Until the server opens its engine with ``retrieval.connection_setup``, the index is
-given ``TokenizedDatabase``, which registers it (once per connection) before each job; the
-retrieval migration registers it on the writer itself.
+The retrieval tables' migration (``retrieval_migration``) and ``TokenizedDatabase`` (the
+tokenizer on every connection a job touches) live in ``troupe.retrieval`` and are
+re-exported here under their old names.
 """
 
 from __future__ import annotations
@@ -37,9 +37,14 @@ from typing import Any
 import apsw
 import trio
 
-from troupe.retrieval import MemoryIndex, MemoryItem, register_tokenizer
-from troupe.retrieval._store import schema_sql as retrieval_schema_sql
-from troupe.storage import Migration
+from troupe.retrieval import (
+    MemoryIndex,
+    MemoryItem,
+    SharedMemoryIndexes,
+    TokenizedDatabase,
+    retrieval_migration,
+    shared_memory_indexes,
+)
 
 memory_tenant = "host"
 """The retrieval tenant of every host memory (recall never crosses tenants)."""
@@ -51,19 +56,6 @@ memory_sources_max = 1000
 catch_up_batch_memories = 1000
 
 assert memories_per_store_max <= 10_000  # MemoryIndex.add's batch limit
-
-def _create_retrieval_tables(connection: apsw.Connection) -> None:
-    # A function, not the SQL: the writer connection may not have the tokenizer yet.
-    register_tokenizer(connection)
-    connection.execute(retrieval_schema_sql)
-
-
-retrieval_migration = Migration(
-    component="retrieval",
-    number=1,
-    name="items, text index, vectors",  # as ``retrieval_migrations()``: either may be used later
-    sql=_create_retrieval_tables,
-)
 
 memory_tables_sql = """
     CREATE TABLE host_memories (
@@ -161,59 +153,36 @@ class MemoryRecord:
     sources: tuple[tuple[str, int], ...] = field(default=())
 
 
-class TokenizedDatabase:
-    """An engine whose connections get the retrieval tokenizer before a job touches them."""
+class HostMemoryIndexes:
+    """The shared index of an engine, caught up with the host's memories once per engine
+    (see the module docstring)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self._ready: weakref.WeakSet[apsw.Connection] = weakref.WeakSet()
-
-    def _prepared(self, function: Callable[[apsw.Connection], Any]) -> Callable[[apsw.Connection], Any]:
-        def job(connection: apsw.Connection) -> Any:
-            if connection not in self._ready:
-                register_tokenizer(connection)
-                self._ready.add(connection)
-            return function(connection)
-
-        return job
-
-    async def write(self, function: Callable[[apsw.Connection], Any]) -> Any:
-        return await self.engine.write(self._prepared(function))
-
-    async def read(self, function: Callable[[apsw.Connection], Any]) -> Any:
-        return await self.engine.read(self._prepared(function))
-
-
-class MemoryIndexes:
-    """One ``MemoryIndex`` per engine, opened on first use (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._indexes: weakref.WeakKeyDictionary[Any, MemoryIndex] = weakref.WeakKeyDictionary()
+    def __init__(self, shared: SharedMemoryIndexes | None = None) -> None:
+        self._shared = shared if shared is not None else shared_memory_indexes
+        self._caught_up: weakref.WeakKeyDictionary[Any, MemoryIndex] = weakref.WeakKeyDictionary()
         self._locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def index_for(self, engine: Any, embedder: Any = None) -> MemoryIndex:
-        index = self._indexes.get(engine)
-        if index is not None:
+        index = await self._shared.index_for(engine, embedder)
+        if self._caught_up.get(engine) is index:
             return index
         lock = self._locks.setdefault(engine, trio.Lock())
         async with lock:
-            index = self._indexes.get(engine)
-            if index is None:
-                index = await MemoryIndex.open(
-                    TokenizedDatabase(engine),
-                    embedder=embedder,
-                    executor=getattr(engine, "executor", None),
-                )
+            if self._caught_up.get(engine) is not index:
                 await catch_up_index(engine, index)
-                self._indexes[engine] = index
+                self._caught_up[engine] = index
         return index
 
     def forget_engine(self, engine: Any) -> None:
         """Drop the index of an engine that is closing (tests, restarts)."""
-        self._indexes.pop(engine, None)
+        self._caught_up.pop(engine, None)
+        self._shared.forget_engine(engine)
 
 
-host_memory_indexes = MemoryIndexes()
+MemoryIndexes = HostMemoryIndexes
+"""The historic name (tests and callers construct ``MemoryIndexes()``)."""
+
+host_memory_indexes = HostMemoryIndexes()
 
 
 def _memory_item(memory_id: int, memory: NewMemory, created_at: float) -> MemoryItem:
@@ -377,6 +346,7 @@ async def forget_memories(engine: Any, index: MemoryIndex, memory_ids: Sequence[
 
 
 __all__ = [
+    "HostMemoryIndexes",
     "MemoryIndexes",
     "MemoryRecord",
     "NewMemory",

@@ -16,7 +16,9 @@ exception text ever reaches the client and the process keeps serving.  Backpress
 every route: the caller should retry, not record a failure.
 
 The stack, outermost first: ``SendGuard`` (final-send shield, bounded sends) →
-``CharacterGate`` (Host, Origin, route, limited mode, name, per-route ``BodyLimit``) → quart.
+``CharacterGate`` (Host, Origin, route, limited mode, name, per-route ``BodyLimit``) → the
+history routes' plain ASGI ``HistoryRoute`` (``/cache``, ``/process``, ``/renew``,
+``/settle``: the hot path) or quart for every other route.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from troupe.actors.character import (
-    CacheHistory,
     CancelCorrection,
     CharacterFailed,
     CharacterReleased,
@@ -52,7 +53,6 @@ from troupe.actors.character import (
     MemoryUnavailable,
     NewDialog,
     PersonaDocument,
-    ProcessHistory,
     QueryMemory,
     RecentHistory,
     RecordSurfaced,
@@ -61,35 +61,33 @@ from troupe.actors.character import (
     ReleaseCharacter,
     Reload,
     Reloaded,
-    RenewHistory,
     RequestShutdown,
     ResetConfirmedAt,
     ResetDone,
-    SettleHistory,
     ShutdownAnswer,
     StartupBlock,
     StartupContinue,
     StartupSwitched,
     SurfacedRecorded,
     Topics,
+    ask_waiting,
     character_kind_name,
     character_name_problem,
     lifecycle_key,
     lifecycle_kind_name,
-    parse_input_history,
 )
 from troupe.http import SendGuard
 from troupe.runtime import ActorCrashed, AskTimeout, Overloaded, Unavailable
 
 from ._errors import CharacterError, detail_document, encode_document, retry_after_seconds_default
-from ._gate import CharacterGate, route_of
+from ._gate import CharacterGate, route_key, route_of
+from ._history_route import HistoryRoute, history_requests
 from ._openapi import docs_page, openapi_document
 from ._routes import operations_by_name
 from ._schemas import (
     claim_parameters,
     format_time,
     funnel_window,
-    history_text,
     optional_text,
     parse_body,
     query_characters_max,
@@ -113,7 +111,9 @@ search_placeholder_template = "{name}的相关记忆（已弃用的接口）：{
 json_content_type = "application/json"
 text_content_type = "text/plain; charset=utf-8"
 
-history_requests = {"cache": CacheHistory, "process": ProcessHistory, "renew": RenewHistory, "settle": SettleHistory}
+waiting_requests = (NewDialog, ReleaseCharacter)
+"""Requests a character defers while a renew/settle holds its settle lock (``ReplyDeferred``):
+asked with ``ask_waiting`` so the route answers once the settle finished."""
 
 assert ask_timeout_seconds > lifecycle_ask_timeout_seconds > 0
 
@@ -177,9 +177,25 @@ def create_character_app(dependencies: CharacterAppDependencies) -> QuartTrio:
         assert isinstance(state, LifecycleState)
         return state.blocked_body() if state.limited_mode else None
 
-    gate = CharacterGate(app.asgi_app, limited_mode=_crash_as(500, limited_mode), allowed_hosts=dependencies.allowed_hosts)
+    history = HistoryRoute(ask=ask, actor_failed=ActorFailed, failures=failure_documents)
+    routed = _history_first(history, app.asgi_app)
+    gate = CharacterGate(routed, limited_mode=_crash_as(500, limited_mode), allowed_hosts=dependencies.allowed_hosts)
     app.asgi_app = SendGuard(gate)  # type: ignore[method-assign]
     return app
+
+
+def _history_first(history: HistoryRoute, framework: Any) -> Any:
+    """Behind the gate: the history routes go to their plain ASGI route (``_history_route``
+    says why), everything else to quart."""
+
+    async def routed(scope: Any, receive: Any, send: Any) -> None:
+        route = scope.get(route_key)
+        if route is not None and route.operation is not None and route.operation.name in history_requests:
+            await history(scope, receive, send)
+        else:
+            await framework(scope, receive, send)
+
+    return routed
 
 
 def _crash_as(status: int, check: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
@@ -196,9 +212,14 @@ Ask = Callable[..., Awaitable[Any]]
 
 
 def _asker(system: Any) -> Ask:
-    async def ask(kind: str, key: str, message: Any, *, timeout: float = ask_timeout_seconds) -> Any:
-        """Ask an actor: backpressure is 503 with Retry-After, a crash is ``ActorFailed``."""
+    async def ask(kind: str, key: str, message: Any, *, timeout: float = ask_timeout_seconds,
+                  waiting: bool = False) -> Any:
+        """Ask an actor: backpressure is 503 with Retry-After, a crash is ``ActorFailed``.
+        ``waiting``: the request may be deferred behind the settle lock (``NewDialog``,
+        ``ReleaseCharacter``); wait for its final reply (``ask_waiting``)."""
         try:
+            if waiting:
+                return await ask_waiting(system.ref(kind, key), message, timeout_seconds=timeout)
             return await system.ref(kind, key).ask(message, timeout=timeout)
         except (Overloaded, Unavailable) as exc:
             seconds = max(retry_after_seconds_default, round(exc.retry_after_seconds + 0.5))
@@ -324,22 +345,7 @@ def _install_lifecycle_routes(app: QuartTrio, dependencies: CharacterAppDependen
 
 def _install_character_routes(app: QuartTrio, dependencies: CharacterAppDependencies, ask: Ask) -> None:
     async def character(message: Any) -> Any:
-        return await ask(character_kind_name, _name(), message)
-
-    def history_route(name: str) -> None:
-        make = history_requests[name]
-
-        @_register(app, name)
-        async def handler() -> Response:
-            text = history_text(await _body(required=True))
-            messages = parse_input_history(text)
-            if isinstance(messages, str):
-                return json_response({"status": "error", "message": messages})
-            reply = await character(make(messages=tuple(messages)))
-            return json_response(reply.encode())
-
-    for name in history_requests:
-        history_route(name)
+        return await ask(character_kind_name, _name(), message, waiting=isinstance(message, waiting_requests))
 
     @_register(app, "release_character")
     async def release_character() -> Response:

@@ -35,14 +35,10 @@ from troupe.actors.character import (
     CharacterSettings,
     character_actor_kind,
     character_lifecycle_kind,
-    character_migrations,
+    character_surface_migrations,
     default_character_memory,
     new_instance_id,
 )
-
-# The recall engine's tables, as the same Migration object the host surface lists, so the two
-# surfaces together run it once (``surface_migrations`` de-duplicates by value).
-from troupe.actors.host._memories import retrieval_migration
 from troupe.http import ASGIApp
 from troupe.server import ListenAddress, Surface, SurfaceContext
 
@@ -116,7 +112,9 @@ def new_character_surface(
             )),
             character_lifecycle_kind(settings),
         ),
-        migrations=tuple(dict.fromkeys((retrieval_migration, *character_migrations))),
+        # The recall engine's tables are the same Migration objects the host surface lists, so
+        # the surfaces together run them once (``surface_migrations`` de-duplicates).
+        migrations=character_surface_migrations,
     )
 
 

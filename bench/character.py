@@ -1,0 +1,632 @@
+"""Character surface benchmark: prints one JSON line of figures (not a test; nothing here asserts time).
+
+Why: issue 9 sets two targets on the N.E.K.O memory server surface: at least 1,000 ``/cache``
+turns per second across 100 characters, and ``/query_memory`` p99 at most 20 ms with 100k
+facts per character (embedding excluded).  This script measures both in one run, on 127.0.0.1
+with an ephemeral port.
+
+In this process, hypercorn (trio) serves the real character app as ``troupe serve`` builds it:
+``new_character_surface()`` over a real ``Engine`` (default settings, so ``synchronous=FULL``)
+in a temporary directory and the real ``ActorSystem`` with every surface's kinds and services,
+the configured model (offline ``LocalModel`` by default, so the post-turn fact extraction that
+every ``/cache`` registers runs in the background during the phase, as it would in production)
+and the embedder chosen by ``--embedder`` (default ``hashed``, the offline default of
+``troupe serve``; ``none`` makes recall BM25 only).
+
+A load generator in a *separate process* (so that it does not share the server's interpreter
+lock; the two processes still share the machine's cores, reported as ``cpu_count``) drives the
+server over raw keep-alive HTTP/1.1 connections (a minimal client: httpx's own per-request cost
+would be measured otherwise):
+
+1. ``/cache``: ``--connections`` connections spread over ``--characters`` characters (each
+   request goes to the next character of its connection's round: connection ``c``'s request
+   ``n`` names character ``(c + n * connections) % characters``), each request one turn of two
+   messages (user, assistant) as an ``input_history`` JSON string: turns/s, p50/p99, the
+   server's CPU per turn (``cpu_ms_per_turn``: every thread, the background post-turn work
+   included; the figure the machine's other load changes least) and the outbox backlog
+   (post-turn tasks not yet run) at the end of the phase;
+2. ``/query_memory``: ``--facts`` facts (100k by default) for each of ``--fact-characters``
+   characters, loaded in bulk through the character store (``ensure_character`` +
+   ``add_facts`` in write jobs of ``facts_per_add_max`` facts), the recall index built by a
+   first query (timed separately: ``index_build_seconds``; that query is one actor turn, and
+   ``index_build_turns_crashed`` counts the turns that hit the runtime's 60 s turn limit),
+   then ``--query-requests`` text
+   queries over HTTP from ``--query-connections`` connections: p50/p99 as the client saw them,
+   and the server's own ``elapsed_ms`` (the recall inside the actor turn) p50/p99, so HTTP and
+   actor overhead can be told from recall time.  Smaller extra figures: the same queries with
+   a ``time`` window (hybrid recall filtered to a month) and time-only recall.
+
+"Embedding excluded": with the hashed embedder the query's embedding is a few tens of
+microseconds of CPU and is included in the figures; ``--embedder none`` excludes it entirely.
+
+Targets (issue 9): >= 1,000 ``/cache`` turns/s; ``/query_memory`` p99 <= 20 ms at 100k facts.
+
+Usage: python bench/character.py [--characters 100] [--connections 32] [--seconds 10]
+       [--facts 100000] [--fact-characters 1] [--query-requests 400] [--query-connections 4]
+       [--phase all|cache|query] [--embedder hashed|none] [--job-times] [--switch-interval S]
+       [--profile cache|query|query_time|time_only|in_process]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import random
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+bench_character_prefix = "bench-"
+fact_character_prefix = "facts-"
+warm_up_seconds = 1.5
+index_build_seconds_max = 1800.0
+"""The first query builds the character's recall index (100k items); it is asked in-process
+with this timeout rather than over HTTP (whose handler gives up after 120 s)."""
+backlog_wait_seconds_max = 60.0
+time_query_requests = 100
+"""Requests of each extra query figure (with a time window; time only)."""
+
+
+# ---------------------------------------------------------------------------- load generator
+# Runs in a child process: ``character.py --client SPEC_JSON``; prints one JSON line.
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection: send pre-built requests, read length-framed replies."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def _fill(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += data
+
+    async def exchange(self, request: bytes) -> tuple[int, bytes]:
+        await self.stream.send_all(request)
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            await self._fill()
+        head = bytes(self.buffer[:end]).decode("latin-1")
+        del self.buffer[: end + 4]
+        status_line, *header_lines = head.split("\r\n")
+        status = int(status_line.split(" ", 2)[1])
+        length = None
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+            elif name.strip().lower() == "transfer-encoding":
+                raise ConnectionError("chunked responses are not expected here")
+        if length is None:
+            raise ConnectionError(f"a response without Content-Length: {head!r}")
+        while len(self.buffer) < length:
+            await self._fill()
+        body = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        return status, body
+
+
+def _request(method: str, path: str, port: int, body: bytes | None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    if body is not None:
+        lines.append("Content-Type: application/json")
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + (body or b"")
+
+
+def character_name(prefix: str, number: int) -> str:
+    return f"{prefix}{number}"
+
+
+def _path(route: str, name: str) -> str:
+    return f"/{route}/{urllib.parse.quote(name, safe='')}"
+
+
+turn_lines = [
+    ("今晚八点一起去天台看星星吧，记得带上望远镜", "好呀，我会准备热可可"),
+    ("我周末想去吃寿司，你有推荐吗", "车站旁边那家回转寿司不错"),
+    ("最近考试复习好累", "辛苦啦，要记得休息"),
+    ("I went hiking with my sister yesterday", "That sounds lovely, where did you go?"),
+    ("猫咪今天不太吃东西", "要不要带它去看看医生"),
+]
+
+query_texts = [
+    "看星星", "寿司", "望远镜", "猫咪生病了", "考试复习计划", "生日礼物",
+    "hiking trip", "新的工作", "演唱会门票", "下雨天的心情", "主人喜欢什么", "coffee",
+]
+
+
+def _turn_body(connection: int, sequence: int) -> bytes:
+    user, assistant = turn_lines[(connection + sequence) % len(turn_lines)]
+    history = [
+        {"role": "user", "content": f"{user}（{connection}-{sequence}）"},
+        {"role": "assistant", "content": assistant},
+    ]
+    document = {"input_history": json.dumps(history, ensure_ascii=False)}
+    return json.dumps(document, ensure_ascii=False).encode("utf-8")
+
+
+def _build(spec: dict[str, Any], connection: int, sequence: int) -> bytes:
+    mode, port = spec["mode"], spec["port"]
+    if mode == "cache":
+        characters, connections = spec["characters"], spec["connections"]
+        name = character_name(spec["prefix"], (connection + sequence * connections) % characters)
+        return _request("POST", _path("cache", name), port, _turn_body(connection, sequence))
+    if mode == "query":
+        names = spec["names"]
+        name = names[(connection + sequence) % len(names)]
+        document: dict[str, Any] = {}
+        if spec.get("with_query", True):
+            document["query"] = query_texts[(connection * 7 + sequence) % len(query_texts)]
+        if spec.get("time"):
+            document["time"] = spec["time"]
+        body = json.dumps(document, ensure_ascii=False).encode("utf-8")
+        return _request("POST", _path("query_memory", name), port, body)
+    raise SystemExit(f"unknown mode {mode}")
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+async def _client(spec: dict[str, Any]) -> dict[str, Any]:
+    connections = spec["connections"]
+    latencies: list[float] = []
+    server_elapsed: list[float] = []
+    candidates: list[int] = []
+    errors: list[str] = []
+    error_count = 0
+    completed = 0
+    answered = 0
+    measuring = False
+    deadline = spec.get("seconds")
+    requests_max = spec.get("requests")
+    started_requests = 0
+    read_bodies = spec["mode"] == "query"
+
+    async def worker(index: int) -> None:
+        nonlocal completed, started_requests, error_count, answered
+        stream = await trio.open_tcp_stream("127.0.0.1", spec["port"])
+        connection = RawConnection(stream)
+        sequence = 0
+        async with stream:
+            while True:
+                if requests_max is not None:
+                    if started_requests >= requests_max:
+                        return
+                    started_requests += 1
+                request = _build(spec, index, sequence)
+                sequence += 1
+                began = time.perf_counter()
+                status, body = await connection.exchange(request)
+                elapsed = time.perf_counter() - began
+                if status != 200:
+                    error_count += 1
+                    if len(errors) < 5:
+                        errors.append(f"{status} {body[:300]!r}")
+                    continue
+                if read_bodies:
+                    document = json.loads(body)
+                    if document.get("error_code"):
+                        error_count += 1
+                        if len(errors) < 5:
+                            errors.append(f"degraded {body[:300]!r}")
+                        continue
+                answered += 1
+                if measuring or requests_max is not None:
+                    latencies.append(elapsed)
+                    completed += 1
+                    if read_bodies:
+                        server_elapsed.append(float(document["elapsed_ms"]))
+                        candidates.append(int(document["candidates_total"]))
+
+    async with trio.open_nursery() as nursery:
+        for index in range(connections):
+            nursery.start_soon(worker, index)
+        if deadline is not None:
+            await trio.sleep(warm_up_seconds)
+            measuring = True
+            began = time.perf_counter()
+            await trio.sleep(deadline)
+            measuring = False
+            elapsed = time.perf_counter() - began
+            nursery.cancel_scope.cancel()
+        else:
+            began = time.perf_counter()
+    if deadline is None:
+        elapsed = time.perf_counter() - began
+    result: dict[str, Any] = {
+        "requests": completed,
+        "answered_total": answered,
+        "seconds": round(elapsed, 3),
+        "requests_per_second": round(completed / elapsed, 1),
+        "p50_ms": _rounded_ms(_percentile(latencies, 0.5)),
+        "p99_ms": _rounded_ms(_percentile(latencies, 0.99)),
+        "max_ms": _rounded_ms(max(latencies, default=None)),
+        "errors": errors,
+        "error_count": error_count,
+    }
+    if read_bodies:
+        result["server_p50_ms"] = _percentile(server_elapsed, 0.5)
+        result["server_p99_ms"] = _percentile(server_elapsed, 0.99)
+        result["candidates_median"] = _percentile([float(value) for value in candidates], 0.5)
+    return result
+
+
+def _rounded_ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+def client_main(spec_text: str) -> None:
+    spec = json.loads(spec_text)
+    print(json.dumps(trio.run(_client, spec)), flush=True)
+
+
+async def run_client(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the load generator in a child process (off this process's interpreter lock)."""
+    command = [sys.executable, os.path.abspath(__file__), "--client", json.dumps(spec)]
+    completed = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"load generator failed: {completed.stderr.decode()[-2000:]}")
+    result = json.loads(completed.stdout.decode().strip().splitlines()[-1])
+    if result["errors"]:
+        print(f"character bench: {spec['mode']} errors ({result['error_count']}): {result['errors']}",
+              file=sys.stderr)
+    return result
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+async def start_server(nursery: trio.Nursery, app: Any) -> int:
+    import hypercorn.trio
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    config.include_server_header = False  # as ``troupe serve``
+    binds = await nursery.start(
+        lambda task_status: hypercorn.trio.serve(app, config, task_status=task_status)
+    )
+    return int(binds[0].rsplit(":", 1)[1])
+
+
+async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: str) -> tuple[Any, Any, Any, int]:
+    """The character app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
+    import httpx
+
+    from troupe._config import ServeOptions
+    from troupe.http import ShutdownSignal
+    from troupe.models import embedder_from_environment, model_from_configuration
+    from troupe.runtime import ActorSystem, real_env
+    from troupe.server import (
+        SurfaceContext,
+        default_surfaces,
+        surface_actor_kinds,
+        surface_migrations,
+        surface_services,
+    )
+    from troupe.storage import Engine, StorageError
+
+    surfaces = default_surfaces()
+    character = next(surface for surface in surfaces if surface.name == "character")
+    env = real_env(data_dir)
+    env.model = model_from_configuration(os.environ)
+    env.embedder = embedder_from_environment({**os.environ, "TROUPE_EMBEDDER": embedder_name})
+    env.http = httpx.AsyncClient(timeout=30)
+    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
+    system = ActorSystem(
+        env,
+        surface_actor_kinds(surfaces),
+        storage=engine,
+        services=surface_services(surfaces),
+        transient_errors=(StorageError,),
+    )
+    await nursery.start(system.run)
+    context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
+    port = await start_server(nursery, character.create_app(context))
+    return env, engine, system, port
+
+
+fact_words = [
+    "看星星", "寿司", "望远镜", "猫咪", "考试", "生日", "礼物", "火锅", "电影", "演唱会", "旅行",
+    "下雨", "咖啡", "游戏", "工作", "搬家", "跑步", "钢琴", "hiking", "coffee", "concert",
+]
+fact_entities = ("master", "neko", "relationship")
+fact_day_seconds = 86_400.0
+fact_epoch_seconds = 1_767_225_600.0  # 2026-01-01T00:00:00Z: facts' events spread over 2026
+
+
+async def load_facts(env: Any, engine: Any, names: list[str], count: int) -> dict[str, Any]:
+    """``count`` active facts for each of ``names``, in bulk through the character store."""
+    from troupe.actors.character import NewFact, add_facts, ensure_character
+    from troupe.actors.character._store import facts_per_add_max
+
+    chooser = random.Random(7)
+    began = time.perf_counter()
+    for name in names:
+        await engine.write(lambda connection, name=name: ensure_character(connection, name, env.clock.wall()))
+        for start in range(0, count, facts_per_add_max):
+            facts = []
+            for number in range(start, min(count, start + facts_per_add_max)):
+                words = chooser.sample(fact_words, 3)
+                event_start = fact_epoch_seconds + (number % 365) * fact_day_seconds
+                facts.append(NewFact(
+                    id=env.ids.new_id("fact_"),
+                    text=f"主人说起{words[0]}和{words[1]}，还提到{words[2]}（第{number}条）",
+                    entity=fact_entities[number % len(fact_entities)],
+                    event_start_at=event_start if number % 2 == 0 else None,
+                    event_end_at=event_start + 3600.0 if number % 2 == 0 else None,
+                ))
+            now = env.clock.wall()
+            await engine.write(lambda connection, name=name, facts=facts, now=now: add_facts(connection, name, facts, now))
+    return {"facts_per_character": count, "fact_characters": len(names),
+            "fact_load_seconds": round(time.perf_counter() - began, 1)}
+
+
+index_build_attempts_max = 10
+
+
+async def build_indexes(system: Any, names: list[str]) -> dict[str, Any]:
+    """The first query of each character reconciles its recall index with the store (every
+    fact is indexed then); asked in-process, with a long timeout.  That query is one actor
+    turn, and a turn longer than the runtime's turn limit crashes the actor: the items it
+    indexed stay, so the next query goes on from there.  Retried, and the crashes counted."""
+    from troupe.actors.character import MemoryResults, QueryMemory, character_kind_name
+    from troupe.runtime import ActorCrashed
+
+    began = time.perf_counter()
+    crashes = 0
+    for name in names:
+        for _ in range(index_build_attempts_max):
+            try:
+                reply = await system.ref(character_kind_name, name).ask(
+                    QueryMemory(query=query_texts[0]), timeout=index_build_seconds_max)
+            except ActorCrashed:
+                crashes += 1
+                continue
+            if not isinstance(reply, MemoryResults) or reply.error_code:
+                raise RuntimeError(f"the first query of {name!r} failed: {reply!r}")
+            break
+        else:
+            raise RuntimeError(f"the recall index of {name!r} was not built in {index_build_attempts_max} turns")
+    return {"index_build_seconds": round(time.perf_counter() - began, 1), "index_build_turns_crashed": crashes}
+
+
+async def in_process_recall(system: Any, name: str, requests: int) -> dict[str, Any]:
+    """The same queries asked of the actor directly (no HTTP): the actor round trip and the
+    recall's own ``elapsed_ms``, to split a miss between HTTP, the actor and the recall."""
+    from troupe.actors.character import QueryMemory, character_kind_name
+
+    reference = system.ref(character_kind_name, name)
+    round_trips: list[float] = []
+    recalls: list[float] = []
+    for number in range(requests):
+        began = time.perf_counter()
+        reply = await reference.ask(QueryMemory(query=query_texts[number % len(query_texts)]), timeout=60)
+        round_trips.append(time.perf_counter() - began)
+        recalls.append(reply.elapsed_ms / 1000)
+    return {
+        "actor_p50_ms": _rounded_ms(_percentile(round_trips, 0.5)),
+        "actor_p99_ms": _rounded_ms(_percentile(round_trips, 0.99)),
+        "recall_p50_ms": _rounded_ms(_percentile(recalls, 0.5)),
+        "recall_p99_ms": _rounded_ms(_percentile(recalls, 0.99)),
+    }
+
+
+async def outbox_backlog(engine: Any) -> int:
+    """Outbox tasks not yet finished (the post-turn signals the phase registered)."""
+    return await engine.read(lambda connection: connection.execute(
+        "SELECT count(*) FROM character_outbox WHERE state IN ('pending', 'running')").fetchone()[0])
+
+
+async def wait_for_backlog(engine: Any) -> tuple[int, float]:
+    """Queries are timed in steady state: wait (bounded) until the cache phase's background
+    tasks are done, since they compete for the same cores."""
+    began = time.perf_counter()
+    backlog = await outbox_backlog(engine)
+    while backlog and time.perf_counter() - began < backlog_wait_seconds_max:
+        await trio.sleep(0.5)
+        backlog = await outbox_backlog(engine)
+    return backlog, round(time.perf_counter() - began, 1)
+
+
+@contextlib.contextmanager
+def profiled(arguments: argparse.Namespace, phase: str) -> Iterator[None]:
+    """``--profile PHASE``: cProfile the server's main thread (the trio loop: HTTP, actors)
+    during that phase and print the top functions to stderr; storage threads are not seen."""
+    if arguments.profile != phase:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        stats = pstats.Stats(profiler, stream=sys.stderr)
+        stats.sort_stats(arguments.profile_sort).print_stats(arguments.profile_lines)
+
+
+class PhaseMeter:
+    """The server process's CPU seconds (every thread) and the engine's commits over a phase:
+    tells a CPU-bound server from one waiting on fsync."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def __enter__(self) -> PhaseMeter:
+        self.times = os.times()
+        self.wall = time.perf_counter()
+        self.statistics = self.engine.statistics()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        times, statistics = os.times(), self.engine.statistics()
+        wall = time.perf_counter() - self.wall
+        cpu = (times.user - self.times.user) + (times.system - self.times.system)
+        commits = statistics.commits - self.statistics.commits
+        jobs = statistics.jobs - self.statistics.jobs
+        self.cpu_seconds = cpu
+        self.figures = {
+            "server_cpu_share": round(cpu / wall, 2),
+            "commits_per_second": round(commits / wall, 1),
+            "jobs_per_commit": round(jobs / commits, 1) if commits else None,
+            "commit_ms_mean": round((statistics.commit_seconds_total - self.statistics.commit_seconds_total)
+                                    / commits * 1000, 2) if commits else None,
+        }
+
+
+def time_write_jobs() -> dict[str, list[float]]:
+    """``--job-times``: wrap ``Engine.write`` so each job's run time on the writer thread is
+    summed by the job function's qualified name (diagnostics; printed to stderr)."""
+    from troupe.storage import Engine
+
+    totals: dict[str, list[float]] = {}
+    original = Engine.write
+
+    async def write(self: Any, function: Any) -> Any:
+        name = getattr(function, "__qualname__", repr(function))
+
+        def timed(connection: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return function(connection)
+            finally:
+                entry = totals.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - began
+
+        return await original(self, timed)
+
+    Engine.write = write  # type: ignore[method-assign]
+    return totals
+
+
+async def cache_phase(arguments: argparse.Namespace, engine: Any, port: int, figures: dict[str, Any]) -> None:
+    spec = {"mode": "cache", "port": port, "connections": arguments.connections, "seconds": arguments.seconds,
+            "characters": arguments.characters, "prefix": f"{bench_character_prefix}{os.getpid()}-"}
+    with profiled(arguments, "cache"), PhaseMeter(engine) as meter:
+        cache = await run_client(spec)
+    figures["cache_server"] = meter.figures
+    # CPU per turn (warm-up included on both sides): what the machine's load changes least.
+    figures["cache_server"]["cpu_ms_per_turn"] = round(meter.cpu_seconds / max(1, cache["answered_total"]) * 1000, 2)
+    figures["cache_turns_per_second"] = cache["requests_per_second"]
+    figures["cache_p50_ms"], figures["cache_p99_ms"] = cache["p50_ms"], cache["p99_ms"]
+    figures["cache_errors"] = cache["error_count"]
+    figures["cache_outbox_backlog_after"] = await outbox_backlog(engine)
+
+
+async def query_phase(arguments: argparse.Namespace, env: Any, engine: Any, system: Any, port: int,
+                      figures: dict[str, Any]) -> None:
+    names = [character_name(fact_character_prefix, number) for number in range(arguments.fact_characters)]
+    figures.update(await load_facts(env, engine, names, arguments.facts))
+    figures.update(await build_indexes(system, names))
+    common = {"mode": "query", "port": port, "names": names, "seconds": None,
+              "connections": arguments.query_connections}
+    await run_client({**common, "requests": 20})  # warm caches
+    with profiled(arguments, "query"), PhaseMeter(engine) as meter:
+        query = await run_client({**common, "requests": arguments.query_requests})
+    figures["query_server"] = meter.figures
+    figures["query_server"]["cpu_ms_per_query"] = round(meter.cpu_seconds / max(1, query["answered_total"]) * 1000, 2)
+    figures["query_requests"] = query["requests"]
+    figures["query_errors"] = query["error_count"]
+    figures["query_p50_ms"], figures["query_p99_ms"] = query["p50_ms"], query["p99_ms"]
+    figures["query_max_ms"] = query["max_ms"]
+    figures["query_recall_p50_ms"] = query["server_p50_ms"]
+    figures["query_recall_p99_ms"] = query["server_p99_ms"]
+    figures["query_candidates_median"] = query["candidates_median"]
+    with profiled(arguments, "query_time"):
+        windowed = await run_client({**common, "requests": time_query_requests, "time": "2026-03"})
+    figures["query_with_time_p50_ms"], figures["query_with_time_p99_ms"] = windowed["p50_ms"], windowed["p99_ms"]
+    with profiled(arguments, "time_only"):
+        time_only = await run_client({**common, "requests": time_query_requests, "time": "2026-03-01/2026-03-07",
+                                      "with_query": False})
+    figures["time_only_p50_ms"], figures["time_only_p99_ms"] = time_only["p50_ms"], time_only["p99_ms"]
+    with profiled(arguments, "in_process"):
+        figures["in_process"] = await in_process_recall(system, names[0], arguments.query_requests)
+
+
+async def main(arguments: argparse.Namespace) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": [round(value, 2) for value in os.getloadavg()],
+        "note": "client and server processes share these cores",
+        "embedder": arguments.embedder,
+        "model": os.environ.get("TROUPE_MODEL", "local"),
+    }
+    job_times = time_write_jobs() if arguments.job_times else None
+    with tempfile.TemporaryDirectory(prefix="troupe-bench-character-") as directory:
+        async with trio.open_nursery() as nursery:
+            env, engine, system, port = await start_character(nursery, directory, arguments.embedder)
+            if arguments.phase in ("all", "cache"):
+                figures.update({"characters": arguments.characters, "connections": arguments.connections,
+                                "cache_seconds": arguments.seconds})
+                await cache_phase(arguments, engine, port, figures)
+            if arguments.phase in ("all", "query") and arguments.facts > 0:
+                if arguments.phase == "all":
+                    backlog, waited = await wait_for_backlog(engine)
+                    figures["cache_backlog_wait_seconds"] = waited
+                    figures["cache_backlog_left"] = backlog
+                await query_phase(arguments, env, engine, system, port, figures)
+            targets = {}
+            if "cache_turns_per_second" in figures:
+                targets["cache_at_least_1000_turns_per_second"] = figures["cache_turns_per_second"] >= 1000
+            if "query_p99_ms" in figures:
+                targets["query_p99_at_most_20_ms"] = (figures["query_p99_ms"] or 1e9) <= 20
+            figures["targets_met"] = targets
+            if job_times is not None:
+                for name, (count, seconds) in sorted(job_times.items(), key=lambda item: -item[1][1]):
+                    print(f"job {name}: {count} runs, {seconds:.3f} s, {seconds / count * 1000:.3f} ms each",
+                          file=sys.stderr)
+            with trio.move_on_after(30):
+                await system.drain()
+            nursery.cancel_scope.cancel()
+    return figures
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--client":
+        client_main(sys.argv[2])
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--characters", type=int, default=100, help="characters the /cache phase spreads over")
+    parser.add_argument("--connections", type=int, default=32, help="/cache connections")
+    parser.add_argument("--seconds", type=float, default=10.0, help="/cache phase duration (after a warm-up)")
+    parser.add_argument("--facts", type=int, default=100_000, help="facts per query character")
+    parser.add_argument("--fact-characters", type=int, default=1, help="characters loaded with --facts facts")
+    parser.add_argument("--query-requests", type=int, default=400)
+    parser.add_argument("--query-connections", type=int, default=4)
+    parser.add_argument("--phase", choices=["all", "cache", "query"], default="all")
+    parser.add_argument("--embedder", choices=["hashed", "none"], default="hashed",
+                        help="hashed: troupe serve's offline default; none: BM25-only recall")
+    parser.add_argument("--profile", choices=["cache", "query", "query_time", "time_only", "in_process"], default=None,
+                        help="cProfile the server during this phase (stderr)")
+    parser.add_argument("--profile-sort", default="tottime")
+    parser.add_argument("--profile-lines", type=int, default=40)
+    parser.add_argument("--job-times", action="store_true",
+                        help="print the writer thread's time per kind of storage job (stderr)")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="sys.setswitchinterval for the server process (experiment)")
+    parsed = parser.parse_args()
+    if parsed.switch_interval:
+        sys.setswitchinterval(parsed.switch_interval)
+    print(json.dumps(trio.run(main, parsed)), flush=True)
