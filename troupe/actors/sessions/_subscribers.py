@@ -84,15 +84,6 @@ class SubscriberStatistics:
     closed_reason: str | None
 
 
-@dataclass
-class _Queued:
-    frame: bytes
-    live: bool
-    """Queued by ``offer``: counted against ``max_buffer_bytes``."""
-    gap: bool = False
-    """The drop-oldest gap frame this queue made itself."""
-
-
 def _kernel_frame_type(frame: bytes) -> str | None:
     """The ``type`` of a kernel frame's event; None for frames with an ``event:`` line."""
     if not frame.startswith(b"id: "):
@@ -136,7 +127,15 @@ class Subscriber:
         """Applied to every frame as it is queued (``unified_frame`` for a negotiated
         ``unified-v1`` connection), so the caps count the bytes that are really written."""
         self._clock = clock
-        self._queue: deque[_Queued] = deque()
+        self._queue: deque[bytes] = deque()
+        """Frame bytes only, no object per frame: a published event is queued once per
+        subscriber, and the garbage collector, which tracks such objects (bytes it does not),
+        took a large share of the server's CPU in bench/sessions_sse.py's fan-out.  The queue
+        is the opening frames (``start``'s, or the drop-oldest gap) followed by the live frames
+        of ``offer``; ``_opening_frames`` counts the former."""
+        self._opening_frames = 0
+        self._gap_at_head = False
+        """The first queued frame is the drop-oldest gap frame this queue made itself."""
         self._queued_bytes = 0
         self._live_bytes = 0
         self._live_frames = 0
@@ -178,8 +177,11 @@ class Subscriber:
     def start(self, frames: Iterable[bytes]) -> None:
         """Queue the opening frames (``retry:``, a replay's gap and frames) outside the live
         cap; call once, before the first ``offer``, in the same actor turn as the replay."""
+        # Opening frames head the queue.  Should ``start`` come after live frames were queued
+        # (a Subscribe retried against a restarted actor), its frames are counted as live.
+        live = self._live_frames > 0
         for frame in frames:
-            self._push(_Queued(frame, live=False))
+            self._push(frame, live=live)
         self._wake()
 
     def offer(self, frame: bytes, event_type: str | None = None) -> bool:
@@ -197,7 +199,7 @@ class Subscriber:
                 event_type = _kernel_frame_type(frame)
             if event_type is not None and not self.wants(event_type):
                 return True
-        self._push(_Queued(frame, live=True))
+        self._push(frame, live=True)
         if self._overflowing():
             self._on_slow(overflow=True)
         elif self._paused_too_long():
@@ -222,6 +224,8 @@ class Subscriber:
             return
         self.closed_reason = reason
         self._queue.clear()
+        self._opening_frames = 0
+        self._gap_at_head = False
         self._queued_bytes = 0
         self._live_bytes = 0
         self._live_frames = 0
@@ -265,22 +269,28 @@ class Subscriber:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _push(self, item: _Queued) -> None:
+    def _push(self, frame: bytes, *, live: bool) -> None:
         if self._frame_transform is not None:
-            item.frame = self._frame_transform(item.frame)
-        self._queue.append(item)
-        self._count(item, 1)
+            frame = self._frame_transform(frame)
+        self._queue.append(frame)
+        self._queued_bytes += len(frame)
+        if live:
+            self._live_bytes += len(frame)
+            self._live_frames += 1
+        else:
+            assert self._live_frames == 0, "opening frames precede live ones"
+            self._opening_frames += 1
 
-    def _pop(self) -> _Queued:
-        item = self._queue.popleft()
-        self._count(item, -1)
-        return item
-
-    def _count(self, item: _Queued, sign: int) -> None:
-        self._queued_bytes += sign * len(item.frame)
-        if item.live:
-            self._live_bytes += sign * len(item.frame)
-            self._live_frames += sign
+    def _pop(self) -> bytes:
+        frame = self._queue.popleft()
+        self._queued_bytes -= len(frame)
+        if self._opening_frames:
+            self._opening_frames -= 1
+            self._gap_at_head = False
+        else:
+            self._live_bytes -= len(frame)
+            self._live_frames -= 1
+        return frame
 
     def _overflowing(self) -> bool:
         # One live frame alone never overflows: a frame larger than the cap is delivered alone.
@@ -288,10 +298,10 @@ class Subscriber:
 
     def _take_chunk(self) -> bytes:
         # At least one frame, whole; then more while the chunk stays within the cap.
-        parts = [self._pop().frame]
+        parts = [self._pop()]
         size = len(parts[0])
-        while self._queue and size + len(self._queue[0].frame) <= self.max_buffer_bytes:
-            frame = self._pop().frame
+        while self._queue and size + len(self._queue[0]) <= self.max_buffer_bytes:
+            frame = self._pop()
             parts.append(frame)
             size += len(frame)
         return b"".join(parts)
@@ -313,13 +323,12 @@ class Subscriber:
 
     def _drop_oldest(self, *, overflow: bool) -> None:
         """Drop oldest non-gap frames (all of them on a pause) and put one gap in front."""
-        kept_gap = self._queue and self._queue[0].gap
+        kept_gap = self._gap_at_head
         if kept_gap:
             self._pop()
         dropped = 0
         while self._queue and (not overflow or self._overflowing()):
-            item = self._pop()
-            if _is_event_frame(item.frame):
+            if _is_event_frame(self._pop()):
                 dropped += 1
         if dropped == 0 and not kept_gap:
             return
@@ -327,9 +336,11 @@ class Subscriber:
         gap = gap_frame(self.session_id, -1, None, self.dropped_frames, None)
         if self._frame_transform is not None:
             gap = self._frame_transform(gap)
-        item = _Queued(gap, live=False, gap=True)
-        self._queue.appendleft(item)
-        self._count(item, 1)
+        # Every opening frame was dropped before any live one, so the gap heads the opening part.
+        self._queue.appendleft(gap)
+        self._queued_bytes += len(gap)
+        self._opening_frames += 1
+        self._gap_at_head = True
 
 
 __all__ = [

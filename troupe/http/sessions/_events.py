@@ -224,11 +224,20 @@ async def _frames(
         while True:
             chunk: bytes | None = None
             closed_reason: str | None = None
-            with shutdown.scope(timeout_seconds=settings.heartbeat_seconds):
+            if not shutdown.is_set():
+                # Frames queued while the last chunk was written: take them without a wait, a
+                # cancel scope and a wakeup (with hundreds of busy streams these were a good
+                # part of each write's cost; bench/sessions_sse.py).
                 try:
-                    chunk = await subscriber.next_chunk()
+                    chunk = subscriber.next_chunk_nowait()
                 except SubscriberClosed as exc:
                     closed_reason = exc.reason
+            if chunk is None and closed_reason is None:
+                with shutdown.scope(timeout_seconds=settings.heartbeat_seconds):
+                    try:
+                        chunk = await subscriber.next_chunk()
+                    except SubscriberClosed as exc:
+                        closed_reason = exc.reason
             if chunk is not None:
                 yield rewrite_unified(chunk) if unified else chunk
             elif closed_reason is not None or shutdown.is_set():
