@@ -118,12 +118,14 @@ class ReorderingExecutor:
 
     def __init__(self) -> None:
         self.inserts = 0
+        self.first_waiting = trio.Event()
         self.second_done = trio.Event()
 
     async def run_sync(self, function, *args):
         if getattr(function, "__name__", "") == "upsert":
             self.inserts += 1
             if self.inserts == 1:
+                self.first_waiting.set()
                 await self.second_done.wait()
                 return function(*args)
             result = function(*args)
@@ -135,19 +137,18 @@ class ReorderingExecutor:
 async def test_high_water_mark_waits_for_an_earlier_insert_still_in_flight(tmp_path):
     engine = await open_test_engine(tmp_path / "data")
     try:
-        index = await MemoryIndex.open(
-            engine, embedder=HashedEmbedder(), executor=ReorderingExecutor()
-        )
+        executor = ReorderingExecutor()
+        index = await MemoryIndex.open(engine, embedder=HashedEmbedder(), executor=executor)
         graph = index._vectors
-        first_started = trio.Event()
         marks = []
 
         async def first() -> None:
-            first_started.set()
             await index.add([memory(1)])
 
         async def second() -> None:
-            await first_started.wait()
+            # Only once the first insert is committed (sequence 1) and held before the graph:
+            # starting earlier would let the writer thread commit the two in either order.
+            await executor.first_waiting.wait()
             await index.add([memory(2)])
             marks.append(graph.high_water_sequence)
 
