@@ -116,13 +116,15 @@ async def test_serve_answers_on_admin_and_stops_cleanly_then_restarts_on_the_sam
     trace_file = tmp_path / "trace.cbor"
     running = await start_serve(tmp_path, "--data-dir", str(data_dir), "--listen", "admin=127.0.0.1:0",
                                 "--listen", "host=127.0.0.1:0", "--listen", "sessions=127.0.0.1:0",
-                                "--listen", "character=127.0.0.1:0", "--trace", str(trace_file))
-    assert len(running.lines) == 5
+                                "--listen", "character=127.0.0.1:0", "--listen", "knowledge=127.0.0.1:0",
+                                "--trace", str(trace_file))
+    assert len(running.lines) == 6
     assert running.lines[0].startswith("listening admin http://127.0.0.1:")
     assert running.lines[1].startswith("listening host http://127.0.0.1:")
     assert running.lines[2].startswith("listening sessions http://127.0.0.1:")
     assert running.lines[3].startswith("listening character http://127.0.0.1:")
-    assert running.lines[4] == "ready"
+    assert running.lines[4].startswith("listening knowledge http://127.0.0.1:")
+    assert running.lines[5] == "ready"
     port = int(running.admin.rsplit(":", 1)[1])
     assert port != 0
 
@@ -150,7 +152,7 @@ async def test_serve_answers_on_admin_and_stops_cleanly_then_restarts_on_the_sam
 
     # The same data directory again, this time through a config file, stopped with SIGINT.
     config = tmp_path / "troupe.toml"
-    config.write_text('[serve]\ndata_dir = "data"\n\n[serve.listen]\nadmin = "localhost:0"\nhost = "off"\nsessions = "off"\ncharacter = "off"\n')
+    config.write_text('[serve]\ndata_dir = "data"\n\n[serve.listen]\nadmin = "localhost:0"\nhost = "off"\nsessions = "off"\ncharacter = "off"\nknowledge = "off"\n')
     again = await start_serve(tmp_path, "--config", str(config))
     assert again.lines[0].startswith("listening admin http://127.0.0.1:")
     async with httpx.AsyncClient(base_url=again.admin) as client:
@@ -165,7 +167,7 @@ async def test_serve_answers_on_admin_and_stops_cleanly_then_restarts_on_the_sam
 async def test_a_non_loopback_listener_is_refused_before_anything_is_opened(tmp_path):
     code, stdout, stderr = await run_to_exit(tmp_path, "--data-dir", "data", "--listen", "admin=0.0.0.0:0",
                                              "--listen", "host=off", "--listen", "sessions=off",
-                                             "--listen", "character=off")
+                                             "--listen", "character=off", "--listen", "knowledge=off")
     assert code == 1
     assert stdout == ""
     assert "TROUPE_ALLOW_NON_LOOPBACK=1" in stderr
@@ -189,7 +191,7 @@ async def test_a_taken_port_fails_the_start_without_touching_the_data_dir(tmp_pa
         port = taken.getsockname()[1]
         code, stdout, stderr = await run_to_exit(tmp_path, "--data-dir", "data", "--listen", f"admin=127.0.0.1:{port}",
                                                  "--listen", "host=off", "--listen", "sessions=off",
-                                             "--listen", "character=off")
+                                             "--listen", "character=off", "--listen", "knowledge=off")
     assert code == 1 and stdout == ""
     assert f"cannot bind 127.0.0.1:{port}" in stderr
     assert not (tmp_path / "data").exists()

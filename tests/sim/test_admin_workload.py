@@ -90,13 +90,13 @@ async def test_sim_server_builds_serves_surfaces_and_answers_healthz(tmp_path, a
     env = sim_env(1, str(tmp_path))
     world = World(env=env, random=env.random, tracer=Tracer(enabled=False), planted_bugs=frozenset())
     server = SimServer()
-    assert [surface.name for surface in server.surfaces] == ["admin", "host", "sessions", "character"]
+    assert [surface.name for surface in server.surfaces] == ["admin", "host", "sessions", "character", "knowledge"]
     async with trio.open_nursery() as nursery:
         engine = await Engine.open(env, migrations=server.migrations(), nursery=nursery, readers_max=1)
         system = ActorSystem(env, server.kinds(), storage=engine, services=server.services())
         await nursery.start(system.run)
         drivers = await server.start(world, engine, system, nursery)
-        assert set(drivers) == {"admin", "host", "sessions", "character"}
+        assert set(drivers) == {"admin", "host", "sessions", "character", "knowledge"}
         health = await drivers["admin"].request("GET", "/healthz")
         assert (health.status, health.json()) == (200, {"status": "ok"})
         ready = await drivers["admin"].request("GET", "/readyz")

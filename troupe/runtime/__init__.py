@@ -21,6 +21,7 @@ from ._fault_points import (
     FaultPoints,
     InjectedFault,
     NoFaultPoints,
+    domain_fault_point_names,
     fault_point_names,
     no_fault_points,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "Tracer",
     "Unavailable",
     "UnknownActorKind",
+    "domain_fault_point_names",
     "fault_point_names",
     "no_fault_points",
     "open_actor_system",

@@ -36,6 +36,18 @@ it after the actor's code returned, so its writes are committed while the caller
 (the "unknown outcome" a client must be ready for).  ``activate_fails`` is consulted twice per
 activation: before the instance is built and after ``on_activate`` returned."""
 
+domain_fault_point_names = ("sensitivity_check_fails",)
+"""Points a surface's domain code consults (``env.fault_points.fires(point)`` like the
+runtime's).  ``sensitivity_check_fails``: the knowledge scope actor's sensitivity detector is
+unavailable, so the write fails closed (503 ``SENSITIVITY_CHECK_FAILED``, nothing stored).
+
+Kept apart from ``fault_point_names`` on purpose: the simulator's swarm draws one random number
+per name in that tuple to choose a seed's armed points, so a new name there would change what
+every existing seed (and every regression seed) injects.  A workload that reaches a domain
+point arms it explicitly."""
+
+assert not set(domain_fault_point_names) & set(fault_point_names)
+
 
 class InjectedFault(Exception):
     """Raised by an armed fault point: a failure of the actor's own code, not of the
@@ -45,7 +57,8 @@ class InjectedFault(Exception):
 @runtime_checkable
 class FaultPoints(Protocol):
     def fires(self, point: str) -> bool:
-        """True when the fault at ``point`` (one of ``fault_point_names``) happens now."""
+        """True when the fault at ``point`` (one of ``fault_point_names`` or
+        ``domain_fault_point_names``) happens now."""
 
     def delay_seconds(self, point: str) -> float:
         """How long a late timer/reminder is late or an overrunning turn overruns, once

@@ -4,7 +4,7 @@ A surface is one contract on one listener: its quart-trio app, the actor kinds b
 the storage migrations those kinds need.  ``serve`` collects the kinds and migrations of
 every surface before it starts the shared ``ActorSystem`` and ``Engine``, then builds each app
 with a ``SurfaceContext`` holding the running parts.  Today ``default_surfaces`` serves
-``admin``, ``host``, ``sessions`` and ``character``; the knowledge surface joins it when it lands.
+``admin``, ``host``, ``sessions``, ``character`` and ``knowledge``.
 
 Trade-off: kinds and migrations are static per surface (declared, not computed from the
 configuration), so the storage schema never depends on which listeners are switched on.
@@ -68,9 +68,10 @@ def default_surfaces() -> list[Surface]:
     # Imported here: the surface packages import troupe.server themselves.
     from troupe.http.character import new_character_surface
     from troupe.http.host import host_surface
+    from troupe.http.knowledge import new_knowledge_surface
     from troupe.http.sessions import sessions_surface
 
-    return [admin_surface, host_surface, sessions_surface, new_character_surface()]
+    return [admin_surface, host_surface, sessions_surface, new_character_surface(), new_knowledge_surface()]
 
 
 # What the shared ActorSystem and Engine need from every surface, collected in one place so

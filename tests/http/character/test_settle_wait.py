@@ -71,3 +71,38 @@ async def test_new_dialog_and_release_wait_for_the_settle(nursery, tmp_path):
     assert release.status == 200, release.body
     assert release.json()["status"] == "success"
     await driver.shutdown()
+
+
+class TwoCrashes:
+    """Fault points that make the next two turns raise after they ran, then stay quiet."""
+
+    def __init__(self) -> None:
+        self.left = 2
+
+    def fires(self, point: str) -> bool:
+        if point == "turn_raises_after" and self.left:
+            self.left -= 1
+            return True
+        return False
+
+    def delay_seconds(self, point: str) -> float:
+        return 0.0
+
+
+async def test_two_crashed_health_checks_do_not_take_the_surface_down(nursery, tmp_path):
+    # Two crashes of one message make it poison, refused from then on; every Health was
+    # the same message, so every route answered 500 until the process restarted.
+    env = real_env(str(tmp_path / "data"))
+    env.model = LocalModel()
+    surface = new_character_surface({})
+    engine = await Engine.open(env, nursery=nursery, migrations=list(surface.migrations))
+    system = ActorSystem(env, list(surface.actor_kinds), storage=engine)
+    await nursery.start(system.run)
+    driver = AsgiDriver(surface.create_app(SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)))
+    await driver.startup(nursery)
+    env.fault_points = TwoCrashes()
+    statuses = [(await driver.request("GET", "/health")).status for _ in range(2)]
+    assert statuses == [500, 500]
+    assert (await driver.request("GET", "/health")).status == 200
+    assert (await driver.request("GET", "/get_recent_history/%E5%B0%8F%E5%A4%A9")).status == 200
+    await driver.shutdown()

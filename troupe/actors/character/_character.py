@@ -59,8 +59,9 @@ activation restores them; waiting requests re-ask (``ask_waiting``) and are queu
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 import apsw
@@ -146,6 +147,11 @@ waiters_max = 1_000
 outbox_tasks_per_run_max = 32
 """Tasks one runner claims before it yields (the next run starts from the task-ended turn)."""
 outbox_task_seconds_max = 300.0
+outbox_batch_seconds = 0.2
+"""A runner started while the character is not settling waits this long before its first
+claim, so that the post-turn signals of the turns meanwhile coalesce into one pending task
+(one claim, one extraction, one completion for all of them).  A renew or settle cuts the wait
+short: the settle lock never waits for batching."""
 """One task's work (model calls); longer is a failed attempt."""
 character_mailbox_messages_max = 256
 task_id_prefix = "task_"
@@ -156,11 +162,20 @@ reminder, armed by the character's first write after activation)."""
 memory_loop_idle_seconds_max = 30 * 24 * 3_600.0
 """The loop stops re-arming itself once the last conversation is older than this (the next
 write arms it again): longer than a pending reflection's expiry plus its promotion delay."""
+recall_open_task_name = "recall_open"
+recall_open_wait_seconds = 1.0
+"""A ``/query_memory`` that finds the character's recall index not open starts opening it in
+the background and waits this long for it inside its turn; a larger character (100k facts:
+about a minute, longer than a turn may run) answers 503 meanwhile."""
+recall_opening_retry_after_seconds = 5.0
+"""``Retry-After`` of that 503."""
 loop_dedupe_keys = {"reflection_synthesis": "synthesis", "promotion": "promotion"}
 """What one loop run registers (coalesced with a registration still pending)."""
 
 assert claim_tokens_per_character_max <= released_claim_tokens_max
 assert outbox_tasks_per_run_max >= 1
+assert 0 < recall_open_wait_seconds < outbox_task_seconds_max
+assert 0 <= outbox_batch_seconds < outbox_task_seconds_max
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +257,10 @@ class CharacterSettings:
     components: CharacterComponents = field(default_factory=CharacterComponents)
     outbox_task_seconds_max: float = outbox_task_seconds_max
     outbox_tasks_per_run_max: int = outbox_tasks_per_run_max
+    outbox_batch_seconds: float = outbox_batch_seconds
     memory_loop_interval_seconds: float = memory_loop_interval_seconds
     memory_loop_idle_seconds_max: float = memory_loop_idle_seconds_max
+    recall_open_wait_seconds: float = recall_open_wait_seconds
 
     def __post_init__(self) -> None:
         assert 0 < self.memory_loop_interval_seconds <= self.memory_loop_idle_seconds_max
@@ -259,6 +276,33 @@ class RunMemoryLoop:
 class MemoryLoopQueued:
     tasks: int
     """Tasks registered (a registration still pending coalesces: 0 then)."""
+
+
+@dataclass(frozen=True)
+class RecallOpening:
+    """``CharacterMemory.query_memory``'s answer while the character's recall index is not
+    open: ``open()`` opens it, which may take far longer than a turn (100k facts to index or
+    reconcile), so the actor runs it as a background task and answers 503 meanwhile."""
+
+    open: Callable[[], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class OutboxIdle:
+    """What the outbox runner returns when its last claim found nothing: the character's
+    active tasks as that claim's write job saw them, and the actor's outbox change count when
+    the job was queued.  The task-ended turn uses them instead of reading the outbox again
+    when no turn changed the outbox since (``CharacterActor.outbox_changes``)."""
+
+    tasks: tuple[OutboxTask, ...]
+    changes: int = 0
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A task's work raised: the attempt is recorded as failed (``fail_task``)."""
+
+    reason: str
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,6 +366,12 @@ class CharacterActor(Actor):
         self.stores_open = True
         self.cancelled_while_running = 0
         self.loop_armed = False
+        self.outbox_changes = 0
+        """Counts this instance's turns that wrote outbox rows (after their write): the
+        runner's idle report is current only while it is unchanged."""
+        self.recall_opened = trio.Event()
+        self.outbox_batching: trio.CancelScope | None = None
+        """The runner's batching wait, while it lasts (a renew or settle cancels it)."""
 
     # -- activation ------------------------------------------------------------------------
 
@@ -412,7 +462,12 @@ class CharacterActor(Actor):
         generation = self.settings.components.generation
         if generation != self.components_generation:
             self.components_generation = generation
-            self.memory.close_stores(self._port())
+            self._close_stores()
+
+    def _close_stores(self) -> None:
+        """Drop the in-memory stores (rebuilt on next use), and stop opening them."""
+        self.context.cancel_task(recall_open_task_name)
+        self.memory.close_stores(self._port())
 
     # -- dialogue persistence --------------------------------------------------------------
 
@@ -435,8 +490,12 @@ class CharacterActor(Actor):
                 if kind == "post_turn_signal" and count == 0:
                     continue
                 payload = {**payload, "count": count, "route": route}
+                # A post-turn signal not yet claimed covers this turn too (its extraction
+                # reads every raw row past the cursor when it runs): a backlog of turns
+                # becomes one task, not one claim, model call and completion per turn.
                 register_task(connection, name, task_id=task_id, kind=kind, payload=payload,
-                              generation=generation, now=now, dedupe_key=dedupe_key)
+                              generation=generation, now=now, dedupe_key=dedupe_key,
+                              coalesce_pending=kind == "post_turn_signal")
             return count
 
         try:
@@ -444,8 +503,12 @@ class CharacterActor(Actor):
         except StorageError:
             logger.exception("writing %s history of %r failed", route, name)
             return CharacterFailed("the history could not be stored")
+        finally:
+            self.outbox_changes += 1
         if route in ("renew", "settle"):
             self.settling = True
+            if self.outbox_batching is not None:
+                self.outbox_batching.cancel()
         if loop_due is not None:
             self.context.reminder_armed(memory_loop_reminder_name, loop_due)
             self.loop_armed = True
@@ -525,7 +588,9 @@ class CharacterActor(Actor):
             logger.exception("release of %r failed", name)
             del claims.live[token]
             return CharacterFailed("the release could not be stored")
-        self.memory.close_stores(self._port())
+        finally:
+            self.outbox_changes += 1
+        self._close_stores()
         self.stores_open = False
         self.context.trace("character_released", tokens=len(claims.live), cancelled=cancelled, hold=hold)
         return CharacterReleased(self.name, cancelled, token)
@@ -553,7 +618,7 @@ class CharacterActor(Actor):
                     del claims.live[token]
                     claims.retire(token)
         await self._save_claims()
-        self.memory.close_stores(self._port())
+        self._close_stores()
         self.stores_open = not claims.live
         self._pump()
         return CharacterReloaded(self.name, len(message.release_tokens), claims.generation, not claims.live)
@@ -577,70 +642,92 @@ class CharacterActor(Actor):
             return
         self.context.start_task(outbox_task_name, self._run_outbox)
 
-    async def _run_outbox(self) -> int:
-        """Claims and runs tasks one at a time, compression first.  Runs outside turns: it
-        reads the actor's state only between awaits."""
-        storage, name, env = self.context.storage, self.name, self.context.env
+    async def _run_outbox(self) -> OutboxIdle | None:
+        """Claims and runs tasks one at a time, compression first.  A task's completion (with
+        its effects) and the next claim are ONE write job, and a claim that finds nothing
+        reports the active tasks it saw (``OutboxIdle``), so the task-ended turn need not read
+        them again.  Runs outside turns: it reads the actor's state only between awaits.
+        Returns ``None`` when it stopped for another reason (the turn then reads)."""
+        storage, env = self.context.storage, self.context.env
+        if self.settings.outbox_batch_seconds > 0 and not self.settling:
+            with trio.move_on_after(self.settings.outbox_batch_seconds) as self.outbox_batching:
+                await trio.sleep_forever()
+            self.outbox_batching = None
         ran = 0
-        while ran < self.settings.outbox_tasks_per_run_max:
-            kinds = self._claimable_kinds()
-            if not kinds:
-                break
-            now = env.clock.wall()
-
-            def claim(connection: apsw.Connection, now: float = now, kinds: tuple[str, ...] = kinds) -> OutboxTask | None:
-                if compression_kind in kinds:
-                    task = claim_next(connection, name, now, [compression_kind])
-                    if task is not None:
-                        return task
-                return claim_next(connection, name, now, kinds)
-
-            task = await storage.write(claim)
+        finished: OutboxTask | None = None
+        outcome: Effects | TaskFailure | None = None
+        while True:
+            more = ran < self.settings.outbox_tasks_per_run_max
+            kinds = self._claimable_kinds() if more else ()
+            changes = self.outbox_changes
+            job = self._finish_and_claim(finished, outcome, kinds, env.clock.wall())
+            try:
+                completed, task, idle = await storage.write(job)
+            finally:
+                # Also when the write failed: whether it committed may be unknown, and a
+                # recall that syncs for nothing costs one read.
+                if finished is not None and outcome is not None and not isinstance(outcome, TaskFailure):
+                    self.memory.memory_changed(self._port())
+            if finished is not None and not isinstance(outcome, TaskFailure):
+                self.context.trace("character_task", task=finished.kind, completed=completed)
             if task is None:
-                break
+                return None if idle is None else replace(idle, changes=changes)
             if task.kind in derived_task_kinds and self.claims.live:
                 # A release arrived while the claim was in flight: hand it back untouched.
-                await storage.write(lambda connection, now=now: recover_claims(connection, name, now))
-                break
+                await storage.write(partial(recover_claims, name=self.name, now=env.clock.wall()))
+                return None
             self.running_task = task
             try:
-                await self._run_one(task)
+                outcome = await self._work(task)
             finally:
                 if self.running_task is task:
                     self.running_task = None
+            finished = task
             ran += 1
-        return ran
 
-    async def _run_one(self, task: OutboxTask) -> None:
-        storage, env = self.context.storage, self.context.env
+    async def _work(self, task: OutboxTask) -> Effects | TaskFailure | None:
+        """One task's work (model calls, reads): its effects, or the failed attempt."""
         try:
             with trio.fail_after(self.settings.outbox_task_seconds_max):
-                effects = await self.memory.run_task(self._port(), task)
+                return await self.memory.run_task(self._port(), task)
         except Exception as error:
             logger.warning("outbox task %s (%s) of %r failed: %s", task.task_id, task.kind, self.name,
                            type(error).__name__)
-            reason = type(error).__name__
-            await storage.write(lambda connection: fail_task(connection, task.task_id, task.claim or "",
-                                                        env.clock.wall(), reason))
-            return
+            return TaskFailure(type(error).__name__)
 
-        def finish(connection: apsw.Connection) -> bool:
-            if not complete_task(connection, task.task_id, task.claim or "", env.clock.wall()):
-                return False
-            if effects is not None:
-                effects(connection)
-            return True
+    def _finish_and_claim(self, finished: OutboxTask | None, outcome: Effects | TaskFailure | None,
+                          kinds: tuple[str, ...], now: float,
+                          ) -> Callable[[apsw.Connection], tuple[bool, OutboxTask | None, OutboxIdle | None]]:
+        """The runner's write job: complete (effects only when ``complete_task`` says the
+        claim is current) or fail the finished task, then claim the next one of ``kinds``
+        (compression first), or report the active tasks when there is none."""
+        name = self.name
 
-        try:
-            completed = await storage.write(finish)
-        finally:
-            # Also when the write failed: whether it committed may be unknown, and a recall
-            # that syncs for nothing costs one read.
-            if effects is not None:
-                self.memory.memory_changed(self._port())
-        self.context.trace("character_task", task=task.kind, completed=completed)
+        def job(connection: apsw.Connection) -> tuple[bool, OutboxTask | None, OutboxIdle | None]:
+            completed = False
+            if finished is not None:
+                claim = finished.claim or ""
+                if isinstance(outcome, TaskFailure):
+                    fail_task(connection, finished.task_id, claim, now, outcome.reason)
+                elif complete_task(connection, finished.task_id, claim, now):
+                    completed = True
+                    if outcome is not None:
+                        outcome(connection)
+            if not kinds:
+                return completed, None, None
+            preferred = (compression_kind,) if compression_kind in kinds else ()
+            task = claim_next(connection, name, now, kinds, preferred_kinds=preferred)
+            if task is not None:
+                return completed, task, None
+            return completed, None, OutboxIdle(tuple(active_tasks(connection, name)))
+
+        return job
 
     async def _task_ended(self, ended: TaskEnded) -> None:
+        if ended.name == recall_open_task_name:
+            if ended.error is not None:
+                logger.error("opening the recall index of %r failed: %s", self.name, type(ended.error).__name__)
+            return None
         if ended.name != outbox_task_name:
             return None
         name = self.name
@@ -651,7 +738,12 @@ class CharacterActor(Actor):
             logger.error("the outbox runner of %r failed: %s", name, type(ended.error).__name__)
             await self.context.set_reminder(outbox_reminder_name, now + retry_backoff_seconds)
             return None
-        tasks = await self.context.storage.read(lambda connection: active_tasks(connection, name))
+        idle = ended.result
+        if isinstance(idle, OutboxIdle) and idle.changes == self.outbox_changes:
+            # No turn wrote to the outbox since the runner's last claim: what it saw is current.
+            tasks = list(idle.tasks)
+        else:
+            tasks = await self.context.storage.read(lambda connection: active_tasks(connection, name))
         was_settling = self.settling
         self.settling = any(task.kind == compression_kind and _detailed(task) for task in tasks)
         if was_settling and not self.settling:
@@ -683,7 +775,10 @@ class CharacterActor(Actor):
                 registered += task is not None and task.task_id == task_ids[kind]
             return registered, self.memory.last_conversation_at(connection, name)
 
-        registered, last = await self.context.storage.write(write)
+        try:
+            registered, last = await self.context.storage.write(write)
+        finally:
+            self.outbox_changes += 1
         if rearm:
             active = last is not None and now - last <= self.settings.memory_loop_idle_seconds_max
             if active:
@@ -699,7 +794,36 @@ class CharacterActor(Actor):
         if self.claims.live or not self.stores_open:
             # ``/release_character`` released the stores: closed until a reload ends the claim.
             return MemoryUnavailable("the character is released until the next reload")
-        return await self.memory.query_memory(self._port(), message.query, message.time)
+        reply = await self.memory.query_memory(self._port(), message.query, message.time)
+        if not isinstance(reply, RecallOpening):
+            return reply
+        return await self._open_recall(reply, message)
+
+    async def _open_recall(self, opening: RecallOpening, message: QueryMemory) -> Any:
+        """The recall index is not open (first query after start-up, a release or a reload):
+        open it in a background task, so no turn ever indexes or reconciles 100k facts
+        (a minute; the turn limit would crash the actor), and wait for it at most
+        ``recall_open_wait_seconds`` here: a small character answers this very query, a
+        large one answers 503 with ``Retry-After`` until the index is ready."""
+        if not self.context.task_running(recall_open_task_name):
+            opened = self.recall_opened = trio.Event()
+
+            async def open_recall() -> None:
+                try:
+                    await opening.open()
+                finally:
+                    opened.set()  # also on failure: the waiting query answers 503, the next retries
+
+            self.context.start_task(recall_open_task_name, open_recall)
+        opened = self.recall_opened
+        with trio.move_on_after(self.settings.recall_open_wait_seconds):
+            await opened.wait()
+        if opened.is_set():
+            reply = await self.memory.query_memory(self._port(), message.query, message.time)
+            if not isinstance(reply, RecallOpening):
+                return reply
+        return MemoryUnavailable("the memory stores are being opened",
+                                 retry_after_seconds=recall_opening_retry_after_seconds)
 
     async def _gap(self) -> ConversationGap:
         name = self.name
@@ -730,6 +854,7 @@ class CharacterActor(Actor):
             logger.exception("storing the reflection of %r failed", name)
             return ReflectResult(None)
         finally:
+            self.outbox_changes += 1
             if effects is not None:
                 self.memory.memory_changed(self._port())
         self._pump()
@@ -763,7 +888,10 @@ class CharacterActor(Actor):
                 set_correction_state(connection, correction.id, "cancelled", now)
             return cancel_tasks(connection, name, now, kinds=["correction"])
 
-        count = await self.context.storage.write(cancel)
+        try:
+            count = await self.context.storage.write(cancel)
+        finally:
+            self.outbox_changes += 1
         return CorrectionCancelled("cancelled" if count or running else "no_task")
 
     async def _funnel(self, message: Funnel) -> FunnelCounts:
@@ -809,6 +937,8 @@ def _tasks_for(route: str, count: int) -> list[tuple[str, dict[str, Any], str | 
 post_turn_rows_per_task_max = 200
 """Raw rows one post-turn task reads past its cursor (the rest wait for the next task)."""
 post_turn_cursor = "post_turn"
+post_turn_known_facts_max = 1_000
+"""Newest active facts whose texts a post-turn extraction deduplicates against."""
 review_rows_per_task_max = 200
 """Raw rows one history review reads past its cursor."""
 review_cursor = "history_review"
@@ -982,7 +1112,8 @@ class StoreMemory:
             return await self._apply_correction(port, task)
         if task.kind == "index_catch_up":
             recall = self._indexes().opened(port.storage, port.name)
-            if recall is not None:
+            # While the index is being opened, the opening task's own catch-up covers this.
+            if recall is not None and recall.reconciled:
                 await recall.sync()
             return None
         raise ValueError(f"unknown outbox task kind {task.kind!r}")
@@ -1142,35 +1273,61 @@ class StoreMemory:
         return lambda connection: replace_recent(connection, port.name, kept, metadata, now)
 
     async def _extract_facts(self, port: CharacterPort) -> Effects | None:
+        """The post-turn work: facts stated in the raw rows past the cursor (at most
+        ``post_turn_rows_per_task_max``; a continuation task is registered when more are
+        left, since turns coalesce into one pending task).  The known facts' texts are read
+        only when the model found something to deduplicate."""
         from ._outbox import cursor_get, cursor_put
-        from ._reflection import DialogueLine, extract_dialogue_facts
-        from ._store import add_facts, list_facts, read_time_indexed
+        from ._reflection import (
+            DialogueLine,
+            dialogue_characters_max,
+            find_dialogue_facts,
+            new_dialogue_facts,
+        )
+        from ._store import add_facts, list_fact_texts, read_time_indexed
 
-        def read(connection: apsw.Connection) -> tuple[int, list[Any], list[Any]]:
+        def read(connection: apsw.Connection) -> list[Any]:
             cursor = cursor_get(connection, port.name, post_turn_cursor)
-            rows = read_time_indexed(connection, port.name, cursor, post_turn_rows_per_task_max)
-            return cursor, rows, list_facts(connection, port.name)
+            return read_time_indexed(connection, port.name, cursor, post_turn_rows_per_task_max)
 
-        cursor, rows, facts = await port.storage.read(read)
-        if not rows:
+        read_rows = await port.storage.read(read)
+        if not read_rows:
             return None
+        rows = _rows_within(read_rows, dialogue_characters_max)
         lines = [DialogueLine(row.role, row.content_text, row.at) for row in rows]
-        extraction = await extract_dialogue_facts(
-            self._models(port), lines, character_name=port.name,
-            known_fact_texts=[fact.text for fact in facts], new_id=port.env.ids.new_id)
-        position, now = rows[-1].seq, port.env.clock.wall()
+        found = await find_dialogue_facts(self._models(port), lines, character_name=port.name)
+        known: list[str] = []
+        if found:
+            known = await port.storage.read(
+                lambda connection: list_fact_texts(connection, port.name, limit=post_turn_known_facts_max))
+        extraction = new_dialogue_facts(found, known, new_id=port.env.ids.new_id)
+        # The cursor stops after the last line the extraction fully covered (at least one,
+        # so a line with more facts than one extraction takes cannot stall the loop).
+        covered = len(rows) if extraction.lines_covered is None else max(1, extraction.lines_covered)
+        position, now = rows[covered - 1].seq, port.env.clock.wall()
+        more = covered < len(read_rows) or len(read_rows) >= post_turn_rows_per_task_max
+        continuation = port.env.ids.new_id(task_id_prefix) if more else None
 
         def effects(connection: apsw.Connection) -> None:
             # The cursor moves with the facts, in the completing write: exactly once.
             add_facts(connection, port.name, extraction.facts, now)
             cursor_put(connection, port.name, post_turn_cursor, position, now)
+            if continuation is not None:
+                register_task(connection, port.name, task_id=continuation, kind="post_turn_signal",
+                              payload={"route": "continuation"}, generation=port.generation, now=now,
+                              coalesce_pending=True)
 
         return effects
 
     async def query_memory(self, port: CharacterPort, query: str | None, time: str | None) -> Any:
         from ._recall import query_memory
 
-        recall = await self._indexes().open_character(port.storage, port.name, embedder=port.env.embedder)
+        indexes = self._indexes()
+        recall = indexes.opened(port.storage, port.name)
+        if recall is None or not recall.reconciled:
+            # Opening may index or reconcile every fact: the actor runs it in the background.
+            return RecallOpening(lambda: indexes.open_character(port.storage, port.name,
+                                                                embedder=port.env.embedder))
         return await query_memory(recall, query, time, clock=port.env.clock)
 
     def memory_changed(self, port: CharacterPort) -> None:
@@ -1204,6 +1361,17 @@ def _apply_plan(connection: apsw.Connection, name: str, plan: Any) -> None:
             rewrite_persona_entry(connection, name, write.entry_id, write.text, write.at)
         else:
             archive_persona_entry(connection, name, write.entry_id, write.at)
+
+
+def _rows_within(rows: Sequence[Any], characters_max: int) -> Sequence[Any]:
+    """The leading rows whose texts fit in ``characters_max`` (at least one): what one
+    extraction hands the model whole (a completion model keeps only the newest part)."""
+    total = 0
+    for index, row in enumerate(rows):
+        total += len(row.content_text) + 1
+        if total > characters_max and index > 0:
+            return rows[:index]
+    return rows
 
 
 def _text_of(content: Any) -> str:
@@ -1242,7 +1410,10 @@ __all__ = [
     "CharacterPort",
     "CharacterSettings",
     "MemoryLoopQueued",
+    "OutboxIdle",
+    "RecallOpening",
     "RunMemoryLoop",
+    "TaskFailure",
     "StoreMemory",
     "Claims",
     "Effects",
@@ -1255,9 +1426,14 @@ __all__ = [
     "memory_loop_idle_seconds_max",
     "memory_loop_interval_seconds",
     "memory_loop_reminder_name",
+    "outbox_batch_seconds",
     "outbox_task_name",
     "outbox_task_seconds_max",
     "outbox_tasks_per_run_max",
+    "post_turn_known_facts_max",
+    "recall_open_task_name",
+    "recall_open_wait_seconds",
+    "recall_opening_retry_after_seconds",
     "released_claim_tokens_max",
     "waiters_max",
 ]

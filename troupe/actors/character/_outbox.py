@@ -139,11 +139,15 @@ def task_claim(task_id: str, number: int) -> str:
 def register_task(connection: apsw.Connection, name: str, *, task_id: str, kind: str,
                   payload: Mapping[str, Any], generation: int, now: float,
                   attempts_max: int = outbox_attempts_max, dedupe_key: str | None = None,
-                  available_at: float | None = None) -> OutboxTask | None:
+                  available_at: float | None = None, coalesce_pending: bool = False) -> OutboxTask | None:
     """Register a task inside the caller's write job (so it commits with what it concerns).
 
     With a ``dedupe_key``, an active (pending or running) task of the same kind and key is
-    returned instead of a new one.  Returns ``None`` when the character already has
+    returned instead of a new one.  With ``coalesce_pending``, a still ``pending`` task of the
+    same kind and generation is returned instead of a new one: for the kinds whose worker reads
+    everything past a cursor when it runs (the post-turn signal), a task not yet claimed
+    already covers what this registration concerns, while a running one may have read before
+    it (so it does not coalesce).  Returns ``None`` when the character already has
     ``outbox_active_tasks_per_character_max`` active tasks.  A bad kind, payload or attempts
     count is our own bug (``ValueError``).
     """
@@ -159,6 +163,14 @@ def register_task(connection: apsw.Connection, name: str, *, task_id: str, kind:
             f"SELECT {_columns} FROM character_outbox WHERE name = ? AND kind = ? "
             "AND dedupe_key = ? AND state IN ('pending', 'running')",
             (name, kind, dedupe_key),
+        ).fetchone()
+        if existing is not None:
+            return _task(existing)
+    if coalesce_pending:
+        existing = connection.execute(
+            f"SELECT {_columns} FROM character_outbox WHERE name = ? AND state = 'pending' "
+            "AND kind = ? AND generation = ? ORDER BY seq LIMIT 1",
+            (name, kind, generation),
         ).fetchone()
         if existing is not None:
             return _task(existing)
@@ -182,6 +194,9 @@ def get_task(connection: apsw.Connection, task_id: str) -> OutboxTask | None:
 
 
 _kind_column = _columns.split(", ").index("kind")
+_task_id_column = _columns.split(", ").index("task_id")
+_attempts_column = _columns.split(", ").index("attempts")
+_attempts_max_column = _columns.split(", ").index("attempts_max")
 
 
 def active_task_count(connection: apsw.Connection, name: str) -> int:
@@ -209,30 +224,43 @@ def active_tasks(connection: apsw.Connection, name: str,
 
 
 def claim_next(connection: apsw.Connection, name: str, now: float,
-               kinds: Iterable[str] | None = None) -> OutboxTask | None:
+               kinds: Iterable[str] | None = None, *,
+               preferred_kinds: Iterable[str] = ()) -> OutboxTask | None:
     """Claim the oldest claimable task of ``name`` (optionally of ``kinds``) and return it
     ``running`` under a fresh claim, or ``None``.  Claimable: ``pending`` with
     ``available_at <= now``, or ``running`` with a claim older than ``claim_lease_seconds``.
+    A claimable task of ``preferred_kinds`` (which must be among ``kinds``) goes before any
+    older one of another kind (the settle compression before derived work), in the same scan.
     Run it inside a write job: the claim is durable before the work starts."""
     wanted = None if kinds is None else set(kinds)
+    preferred = set(preferred_kinds)
+    assert wanted is None or preferred <= wanted, "a preferred kind must be claimable"
+    chosen: tuple | None = None
     for row in _claimable_rows(connection, name, now):
-        if wanted is not None and row[_kind_column] not in wanted:
+        kind = row[_kind_column]
+        if wanted is not None and kind not in wanted:
             continue  # before decoding the payload: most rows a kind filter skips are cheap
-        task = _task(row)
-        if task.attempts >= task.attempts_max:
+        if row[_attempts_column] >= row[_attempts_max_column]:
             # An abandoned claim on the last attempt: nothing left to try.
-            _finish(connection, task, task_state_failed, now, "attempts exhausted")
+            _finish(connection, _task(row), task_state_failed, now, "attempts exhausted")
             continue
-        (claims,) = connection.execute(
-            "SELECT claims + 1 FROM character_outbox WHERE task_id = ?", (task.task_id,)
-        ).fetchone()
-        connection.execute(
-            "UPDATE character_outbox SET state = 'running', attempts = attempts + 1, "
-            "claims = ?, claim = ?, claimed_at = ? WHERE task_id = ?",
-            (claims, task_claim(task.task_id, claims), now, task.task_id),
-        )
-        return get_task(connection, task.task_id)
-    return None
+        if kind in preferred:
+            chosen = row
+            break
+        if chosen is None:
+            chosen = row
+            if not preferred:
+                break
+    if chosen is None:
+        return None
+    # One statement: the claim number is the old count plus one (SET sees the old row).
+    row = connection.execute(
+        "UPDATE character_outbox SET state = 'running', attempts = attempts + 1, "
+        "claims = claims + 1, claim = task_id || '#' || (claims + 1), claimed_at = ? "
+        f"WHERE task_id = ? RETURNING {_columns}",
+        (now, chosen[_task_id_column]),
+    ).fetchone()
+    return _task(row)
 
 
 def _claimable_rows(connection: apsw.Connection, name: str, now: float) -> Iterator[tuple]:

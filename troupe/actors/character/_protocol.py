@@ -220,9 +220,11 @@ class ClaimRefused:
 
 @dataclass(frozen=True)
 class MemoryUnavailable:
-    """503 from ``/query_memory``: the character's fact and reflection stores are not open."""
+    """503 from ``/query_memory``: the character's fact and reflection stores are not open
+    (released, or still being opened: ``retry_after_seconds`` then says when to ask again)."""
 
     message: str = "memory stores are not initialised"
+    retry_after_seconds: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,7 +551,14 @@ class CharacterState:
 
 @dataclass(frozen=True, kw_only=True)
 class Health:
-    """``GET /health`` and the limited-mode check of every other route.  → ``LifecycleState``."""
+    """``GET /health`` and the limited-mode check of every other route.  → ``LifecycleState``.
+
+    ``request_number`` makes each request a distinct message: the runtime quarantines a
+    message that crashed twice as poison and refuses every EQUAL message after it, and one
+    quarantined field-less ``Health`` would make every route answer 500 until the process
+    restarts (found by the character simulator workload, seed 3 with two injected crashes)."""
+
+    request_number: int = 0
 
 
 @dataclass(frozen=True)

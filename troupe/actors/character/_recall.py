@@ -253,6 +253,12 @@ class CharacterRecall:
     def stale(self) -> bool:
         return self._marks != self._synced_marks
 
+    @property
+    def reconciled(self) -> bool:
+        """The first sync (the whole tenant against the store) is done: from now on a recall
+        catches up inline (a few changed rows), it never indexes the character from scratch."""
+        return self._reconciled
+
     async def sync(self) -> int:
         """Applies every store change after the cursor to the index; returns how many items
         were added or removed.  Reconciles the whole tenant on first use."""

@@ -250,6 +250,10 @@ class FactExtraction:
 
     facts: tuple[NewFact, ...]
     duplicates_skipped: int = 0
+    lines_covered: int | None = None
+    """How many leading lines every found fact of was taken (``None``: all of them); short
+    when ``facts_per_extraction_max`` cut the extraction, so the caller's cursor can stop
+    there and the rest be extracted by the next task."""
 
 
 def reflection_summary(reflection: NewReflection) -> dict[str, Any]:
@@ -408,34 +412,57 @@ async def extract_dialogue_facts(
 ) -> FactExtraction:
     """Facts stated in ``lines`` (summary tier), minus those already known (normalised
     text).  Each fact's ``event_start_at`` is when its line was said."""
+    found = await find_dialogue_facts(models, lines, character_name=character_name)
+    return new_dialogue_facts(found, known_fact_texts, new_id=new_id)
+
+
+FoundFact = tuple[str, str, float, int]
+"""A fact the model found in a line: (entity, text, when the line was said, the line's
+index in the extraction's lines)."""
+
+
+async def find_dialogue_facts(
+    models: ReflectionModels, lines: Sequence[DialogueLine], *, character_name: str
+) -> list[FoundFact]:
+    """The facts the model finds in ``lines`` (summary tier), before deduplication: the
+    post-turn task asks this first and reads the known facts only when something was found
+    (most turns state no fact)."""
     model = models.summary
+    if not _can(model, "extract_facts"):
+        return await _extract_with_completion(model, lines, character_name)
+    found: list[FoundFact] = []
+    for index, line in enumerate(lines):
+        entity = entity_of(line.role, character_name)
+        if entity is not None and line.text.strip():
+            found.extend((entity, fact.text, line.at, index) for fact in model.extract_facts(line.text))
+    return found
+
+
+def new_dialogue_facts(found: Iterable[FoundFact], known_fact_texts: Iterable[str], *,
+                       new_id: NewId) -> FactExtraction:
+    """The found facts not already known (normalised text, also among themselves), cut to
+    ``fact_text_characters_max`` and at most ``facts_per_extraction_max`` of them."""
     seen = {normalised_text(text) for text in known_fact_texts}
-    found: list[tuple[str, str, float]] = []  # (entity, text, at)
-    if _can(model, "extract_facts"):
-        for line in lines:
-            entity = entity_of(line.role, character_name)
-            if entity is not None and line.text.strip():
-                found.extend((entity, fact.text, line.at) for fact in model.extract_facts(line.text))
-    else:
-        found = await _extract_with_completion(model, lines, character_name)
     facts: list[NewFact] = []
     duplicates = 0
-    for entity, text, at in found:
+    lines_covered = None
+    for entity, text, at, line_index in found:
         text = _cut(text, fact_text_characters_max)
         key = normalised_text(text)
         if not key or key in seen:
             duplicates += 1
             continue
         if len(facts) >= facts_per_extraction_max:
+            lines_covered = line_index
             break
         seen.add(key)
         facts.append(NewFact(id=new_id("fact_"), text=text, entity=entity, event_start_at=at))
-    return FactExtraction(tuple(facts), duplicates)
+    return FactExtraction(tuple(facts), duplicates, lines_covered)
 
 
 async def _extract_with_completion(
     model: Any, lines: Sequence[DialogueLine], character_name: str
-) -> list[tuple[str, str, float]]:
+) -> list[FoundFact]:
     numbered = []
     for index, line in enumerate(lines):
         if entity_of(line.role, character_name) is not None:
@@ -461,8 +488,10 @@ async def _extract_with_completion(
         if line is not None:
             entity = entity or entity_of(line.role, character_name)
         at = line.at if line is not None else (lines[-1].at if lines else 0.0)
-        found.append((entity or "master", item["text"], at))
-    return found
+        index = line_index if line is not None else len(lines) - 1
+        found.append((entity or "master", item["text"], at, index))
+    # In line order, so a cut at ``facts_per_extraction_max`` leaves whole lines for later.
+    return sorted(found, key=lambda fact: fact[3])
 
 
 # -- reflection synthesis ---------------------------------------------------------------------
@@ -757,6 +786,7 @@ async def compress_history(
 __all__ = [
     "DialogueLine",
     "FactExtraction",
+    "FoundFact",
     "FactView",
     "HistoryCompression",
     "LifecyclePlan",
@@ -773,6 +803,8 @@ __all__ = [
     "detect_denials",
     "entity_of",
     "extract_dialogue_facts",
+    "find_dialogue_facts",
+    "new_dialogue_facts",
     "fact_text_characters_max",
     "facts_per_extraction_max",
     "is_negative_remark",

@@ -702,6 +702,19 @@ def list_facts(connection: apsw.Connection, name: str, status: str = fact_status
     )]
 
 
+def list_fact_texts(connection: apsw.Connection, name: str, status: str = fact_status_active,
+                    limit: int = 1000) -> list[str]:
+    """The texts of ``list_facts`` (same order and bound) without building ``Fact`` rows:
+    what deduplicating new facts needs."""
+    if status not in fact_statuses:
+        raise ValueError(f"unknown fact status {status!r}")
+    return [text for (text,) in connection.execute(
+        "SELECT text FROM character_facts WHERE name = ? AND status = ? "
+        "ORDER BY created_at DESC, id DESC LIMIT ?",
+        (name, status, limit),
+    )]
+
+
 def fact_count(connection: apsw.Connection, name: str, status: str = fact_status_active) -> int:
     if status not in fact_statuses:
         raise ValueError(f"unknown fact status {status!r}")
@@ -1221,6 +1234,7 @@ __all__ = [
     "last_conversation_at",
     "list_characters",
     "list_corrections",
+    "list_fact_texts",
     "list_facts",
     "list_persona_entries",
     "list_reflections",

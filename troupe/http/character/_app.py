@@ -23,8 +23,10 @@ history routes' plain ASGI ``HistoryRoute`` (``/cache``, ``/process``, ``/renew`
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,12 +170,15 @@ def create_character_app(dependencies: CharacterAppDependencies) -> QuartTrio:
     app.url_map.merge_slashes = False
     app.url_map.strict_slashes = False
     ask = _asker(dependencies.system)
+    # Numbers every Health request (see ``Health.request_number``): one per app, never global.
+    health_numbers = itertools.count(1)
     _install_errors(app)
-    _install_lifecycle_routes(app, dependencies, ask)
+    _install_lifecycle_routes(app, dependencies, ask, health_numbers)
     _install_character_routes(app, dependencies, ask)
 
     async def limited_mode() -> dict[str, Any] | None:
-        state = await ask(lifecycle_kind_name, lifecycle_key, Health(), timeout=lifecycle_ask_timeout_seconds)
+        state = await ask(lifecycle_kind_name, lifecycle_key, Health(request_number=next(health_numbers)),
+                          timeout=lifecycle_ask_timeout_seconds)
         assert isinstance(state, LifecycleState)
         return state.blocked_body() if state.limited_mode else None
 
@@ -285,13 +290,14 @@ def _name() -> str:
     return name
 
 
-def _install_lifecycle_routes(app: QuartTrio, dependencies: CharacterAppDependencies, ask: Ask) -> None:
+def _install_lifecycle_routes(app: QuartTrio, dependencies: CharacterAppDependencies, ask: Ask,
+                              health_numbers: Iterator[int]) -> None:
     async def lifecycle(message: Any) -> Any:
         return await ask(lifecycle_kind_name, lifecycle_key, message, timeout=lifecycle_ask_timeout_seconds)
 
     @_register(app, "health")
     async def health() -> Response:
-        state = await lifecycle(Health())
+        state = await lifecycle(Health(request_number=next(health_numbers)))
         assert isinstance(state, LifecycleState)
         return json_response(state.health())
 
@@ -398,8 +404,8 @@ def _install_character_routes(app: QuartTrio, dependencies: CharacterAppDependen
         except ActorFailed:
             reply = None
         if isinstance(reply, MemoryUnavailable):
-            return json_response(detail_document(503, reply.message), 503,
-                                 {"Retry-After": str(retry_after_seconds_default)})
+            retry_after = max(retry_after_seconds_default, math.ceil(reply.retry_after_seconds or 0))
+            return json_response(detail_document(503, reply.message), 503, {"Retry-After": str(retry_after)})
         if not isinstance(reply, MemoryResults):
             elapsed_ms = round((clock.monotonic() - started) * 1000, 3)
             return json_response({"results": [], "query": query, "candidates_total": 0, "elapsed_ms": elapsed_ms,

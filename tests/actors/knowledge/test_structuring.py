@@ -1,0 +1,176 @@
+"""Structuring evidence into knowledge: the local extractor, the model port's enrichment and
+fallback, one item per evidence however often it runs, subject merges with conflicts, update
+rebuilds, forgotten evidence, and the index following the store."""
+
+from __future__ import annotations
+
+import json
+
+from troupe.actors.knowledge._protocol import ConflictDetected, MemoryReady
+from troupe.actors.knowledge._query import KnowledgeIndexes
+from troupe.actors.knowledge._store import (
+    KnowledgeUpdateDraft,
+    entities_per_knowledge_max,
+    update_knowledge,
+)
+from troupe.actors.knowledge._structuring import (
+    extract_structure,
+    structure_evidence,
+    structure_with_model,
+    title_characters_max,
+)
+from troupe.models import Completion, ModelUnavailable
+
+from .recall_helpers import open_bench
+
+bill = {
+    "title": "2026年4月家庭支出清单",
+    "body": {"items": [
+        {"category": "水电燃气", "vendor": "国家电网", "amount": 210.0, "tags": ["电费"]},
+        {"category": "水电燃气", "vendor": "市自来水公司", "amount": 68.5},
+        {"category": "水电燃气", "vendor": "燃气公司", "amount": 156},
+    ]},
+    "entities": ["国家电网", "市自来水公司"],
+    "relations": [{"from": "国家电网", "to": "水电燃气", "type": "BELONG_TO"}],
+}
+
+
+def test_extract_structure_keeps_declared_structure_and_finds_names():
+    structure = extract_structure("OCR", bill)
+    assert structure.title == "2026年4月家庭支出清单"
+    assert structure.body == bill["body"]
+    assert structure.entities[:2] == ("国家电网", "市自来水公司")
+    assert "水电燃气" in structure.entities and "电费" in structure.entities
+    assert [relation.encode() for relation in structure.relations] == bill["relations"]
+    assert "国家电网" in structure.text and structure.text.startswith("2026年4月家庭支出清单")
+
+
+def test_extract_structure_of_a_conversation_turn():
+    structure = extract_structure(
+        "CONVERSATION", {"user": "请保持回答简洁。谢谢", "assistant": "好的，我会记住。"}
+    )
+    assert structure.title == "请保持回答简洁"
+    assert structure.body == {"user": "请保持回答简洁。谢谢", "assistant": "好的，我会记住。"}
+    assert structure.entities == ()  # prose leaves are not names
+
+
+def test_extract_structure_bounds_entities_and_titles():
+    many = {"title": "x" * (title_characters_max + 50), "entities": [f"e{i}" for i in range(200)]}
+    structure = extract_structure("MANUAL_CONFIG", many)
+    assert len(structure.title) == title_characters_max
+    assert len(structure.entities) == entities_per_knowledge_max
+
+
+class JsonModel:
+    name = "scripted"
+    capabilities = frozenset({"converse"})
+
+    def __init__(self, answer: str | Exception) -> None:
+        self.answer = answer
+
+    async def complete(self, request):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return Completion(text=self.answer)
+
+
+async def test_model_enrichment_keeps_only_names_in_the_text():
+    answer = json.dumps({"entities": ["燃气公司", "火星"], "relations": [
+        {"from": "燃气公司", "to": "国家电网", "type": "PEER"},
+        {"from": "火星", "to": "国家电网", "type": "INVENTED"}]})
+    structure = await structure_with_model(JsonModel(answer), "OCR", bill)
+    assert "燃气公司" in structure.entities and "火星" not in structure.entities
+    assert [relation.type for relation in structure.relations] == ["BELONG_TO", "PEER"]
+
+
+async def test_model_failure_falls_back_to_the_local_extractor():
+    local = extract_structure("OCR", bill)
+    assert await structure_with_model(JsonModel(ModelUnavailable("down")), "OCR", bill) == local
+    assert await structure_with_model(JsonModel("not json"), "OCR", bill) == local
+
+
+async def test_structuring_creates_one_item_and_announces_it(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    evidence_id = await bench.evidence(bill, scope="shared:home", source_type="OCR")
+    result = await structure_evidence(bench.engine, bench.index, bench.env, evidence_id)
+    assert result.created and result.version == 1 and result.scope == "shared:home"
+    assert result.events == (MemoryReady(evidence_id=evidence_id, knowledge_id=result.knowledge_id,
+                                         title="2026年4月家庭支出清单", scope="shared:home"),)
+    again = await structure_evidence(bench.engine, bench.index, bench.env, evidence_id)
+    assert again.already_structured and again.knowledge_id == result.knowledge_id
+    assert again.events == ()
+    assert await bench.rows("SELECT count(*) FROM knowledge_items") == [(1,)]
+    assert await bench.rows("SELECT count(*) FROM knowledge_structuring") == [(0,)]
+    assert await bench.rows("SELECT name FROM knowledge_entities WHERE name = '国家电网'") == [("国家电网",)]
+    assert bench.index.indexed_count == 1
+
+
+async def test_same_subject_merges_with_field_conflicts(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    first = await bench.remember(bill, scope="shared:home", source_type="OCR")
+    changed = json.loads(json.dumps(bill))
+    changed["body"]["items"][2]["amount"] = 186
+    second = await bench.remember(changed, scope="shared:home", source_type="OCR")
+    assert second.knowledge_id == first.knowledge_id and second.version == 2
+    assert not second.created
+    conflict = second.conflicts[0]
+    assert (conflict.field, conflict.old_value, conflict.new_value, conflict.resolution) == (
+        "body.items[2].amount", 156, 186, "NEW_WINS")
+    assert isinstance(second.events[1], ConflictDetected)
+    assert second.events[1].encode()["data"]["severity"] == "medium"
+    (body,) = await bench.rows("SELECT body_json FROM knowledge_items")
+    assert json.loads(body[0])["items"][2]["amount"] == 186
+    links = await bench.rows("SELECT count(*) FROM knowledge_links")
+    assert links == [(2,)]
+    # Another scope with the same title is another subject.
+    other = await bench.remember(changed, scope="shared:office", source_type="OCR")
+    assert other.created and other.knowledge_id != first.knowledge_id
+
+
+async def test_conversation_turns_never_merge(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    turn = {"user": "好的", "assistant": "收到"}
+    first = await bench.remember(turn, source_type="CONVERSATION")
+    second = await bench.remember(turn, source_type="CONVERSATION")
+    assert first.knowledge_id != second.knowledge_id and second.created
+
+
+async def test_forgotten_evidence_is_dropped_silently(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    evidence_id = await bench.evidence(bill)
+    await bench.engine.write(lambda c: c.execute("DELETE FROM knowledge_evidence WHERE id = ?", (evidence_id,)))
+    result = await structure_evidence(bench.engine, bench.index, bench.env, evidence_id)
+    assert result.knowledge_id is None and result.events == ()
+    assert await bench.rows("SELECT count(*) FROM knowledge_structuring") == [(0,)]
+    assert await bench.rows("SELECT count(*) FROM knowledge_items") == [(0,)]
+
+
+async def test_an_update_rebuilds_structure_and_index(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    first = await bench.remember(bill, scope="shared:home", source_type="OCR")
+    draft = KnowledgeUpdateDraft(knowledge_id=first.knowledge_id, expected_version=1,
+                                 scope="shared:home", body={"vendor": "南方电网", "amount": 230})
+    evidence_id = bench.env.ids.new_id("evd_")
+    outcome = await bench.engine.write(lambda c: update_knowledge(
+        c, draft, evidence_id=evidence_id, now=bench.clock.wall(), latency_ms=1))
+    assert outcome.knowledge.version == 2
+    result = await structure_evidence(bench.engine, bench.index, bench.env, evidence_id)
+    assert result.knowledge_id == first.knowledge_id and result.version == 2
+    names = {row[0] for row in await bench.rows("SELECT name FROM knowledge_entities")}
+    assert "南方电网" in names and "国家电网" not in names
+    hits = await bench.index.recall("南方电网", scopes=frozenset({"shared:home"}), limit=5)
+    assert [hit.knowledge_id for hit in hits] == [first.knowledge_id]
+    indexed = await bench.rows("SELECT key, text, deleted FROM retrieval_items ORDER BY id")
+    assert [(key.split("\x1f")[1], deleted) for key, _, deleted in indexed] == [("1", 1), ("2", 0)]
+    assert "南方电网" in indexed[1][1] and "燃气公司" not in indexed[1][1]
+
+
+async def test_reconciliation_repairs_a_crash_before_indexing(nursery, tmp_path):
+    bench = await open_bench(nursery, tmp_path)
+    result = await bench.remember(bill, scope="shared:home", source_type="OCR")
+    # A crash between the store commit and the index write: the index lost the item.
+    await bench.index.index.delete([f"{result.knowledge_id}\x1f1\x1f0"])
+    fresh = await KnowledgeIndexes().open(bench.engine, bench.env.embedder)
+    # The new registry shares the process's MemoryIndex, re-adds the item once.
+    hits = await fresh.recall("国家电网", scopes=frozenset({"shared:home"}), limit=5)
+    assert [hit.knowledge_id for hit in hits] == [result.knowledge_id]
