@@ -17,6 +17,7 @@ from troupe.runtime import (
     UnknownActorKind,
     open_actor_system,
 )
+from troupe.runtime._limits import poison_quarantine_seconds
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class Get:
 @dataclass(frozen=True)
 class Boom:
     tag: str = ""
+
+
+@dataclass(frozen=True)
+class Flaky:
+    """Crashes while the store says so: the same bytes every time, like a request without fields."""
 
 
 class Store:
@@ -62,6 +68,10 @@ def counter_kind(store: Store, **options) -> ActorKind:
                 return self.value
             if isinstance(message, Boom):
                 raise ValueError("boom " + message.tag)
+            if isinstance(message, Flaky):
+                if store.values.get("flaky"):
+                    raise ValueError("flaky")
+                return "ok"
             raise TypeError(message)
 
         async def on_passivate(self):
@@ -226,6 +236,32 @@ async def test_message_that_crashes_twice_is_poison_and_quarantined(env, autojum
         assert await ref.ask(Add(1)) == 1
         assert store.events[starts_before:].count(("activate", "a")) <= 1
         assert system.statistics()["counter"].poison == 1
+
+
+async def test_poison_quarantine_ends_and_a_message_that_ran_is_not_poison(env, autojump_clock):
+    store = Store()
+    kind = counter_kind(store, intensity=RestartIntensity(10, 5.0))
+    async with open_actor_system(env, [kind]) as system:
+        ref = system.ref("counter", "a")
+        # Crashed once, then ran: its count is forgotten, so one more crash is not poison.
+        store.values["flaky"] = True
+        with pytest.raises(ActorCrashed):
+            await ref.ask(Flaky())
+        store.values["flaky"] = False
+        assert await ref.ask(Flaky()) == "ok"
+        store.values["flaky"] = True
+        with pytest.raises(ActorCrashed) as again:
+            await ref.ask(Flaky())
+        assert not isinstance(again.value, PoisonMessage)
+        # Twice in a row: quarantined, refused without running even once it would succeed...
+        with pytest.raises(PoisonMessage):
+            await ref.ask(Flaky())
+        store.values["flaky"] = False
+        with pytest.raises(PoisonMessage):
+            await ref.ask(Flaky())
+        # ...until the quarantine has passed: then it runs again.
+        await trio.sleep(poison_quarantine_seconds)
+        assert await ref.ask(Flaky()) == "ok"
 
 
 async def test_restart_intensity_escalates_then_kind_goes_unavailable_and_recovers(env, autojump_clock):

@@ -38,6 +38,7 @@ from ._middleware import (
     send_error,
     send_lingering,
     send_seconds_max_default,
+    send_seconds_scope_key,
 )
 from ._shutdown import ShutdownSignal
 from ._sse import SseEvent, heartbeat_frame, heartbeat_seconds_default, sse_frames, sse_response
@@ -75,6 +76,7 @@ __all__ = [
     "send_error",
     "send_lingering",
     "send_seconds_max_default",
+    "send_seconds_scope_key",
     "sse_frames",
     "sse_response",
 ]

@@ -58,6 +58,11 @@ request_body_bytes_max_default = 1024 * 1024
 send_seconds_max_default = 30.0
 """A single send to the client (headers or one body chunk) may take at most this long."""
 
+send_seconds_scope_key = "troupe.http.send_seconds_max"
+"""A streaming handler may put a tighter per-send bound for its own response in the ASGI scope
+under this key (an SSE stream: 5 s per frame, then 1 s for the final send); ``SendGuard`` reads
+it at every send, so the handler can tighten it just before the final one."""
+
 linger_bytes_max = 1024 * 1024
 """After refusing a body, read and discard at most this much more of it (lingering close)."""
 
@@ -113,12 +118,13 @@ class SendGuard:
 
         async def guarded_send(message: Message) -> None:
             final = message["type"] == "http.response.body" and not message.get("more_body", False)
+            seconds = min(self.send_seconds_max, scope.get(send_seconds_scope_key, self.send_seconds_max))
             # The shield keeps quart-trio's cancellation out; the scope's own deadline still
             # applies, so even the final send cannot hang forever.
-            with trio.CancelScope(shield=final, relative_deadline=self.send_seconds_max) as scope_:
+            with trio.CancelScope(shield=final, relative_deadline=seconds) as scope_:
                 await send(message)
             if scope_.cancelled_caught:
-                raise SendTimeout(f"a response send took longer than {self.send_seconds_max}s")
+                raise SendTimeout(f"a response send took longer than {seconds}s")
 
         await self.app(scope, receive, guarded_send)
 
@@ -318,4 +324,5 @@ __all__ = [
     "send_error",
     "send_lingering",
     "send_seconds_max_default",
+    "send_seconds_scope_key",
 ]

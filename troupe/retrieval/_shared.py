@@ -58,36 +58,40 @@ class TokenizedDatabase:
 
 
 class SharedMemoryIndexes:
-    """One ``MemoryIndex`` per engine, opened on first use (see the module docstring)."""
+    """One ``MemoryIndex`` per engine, opened on first use (see the module docstring).
 
-    def __init__(self) -> None:
-        self._indexes: weakref.WeakKeyDictionary[Any, MemoryIndex] = weakref.WeakKeyDictionary()
-        self._locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+    The index lives in the engine's ``attachments``, so it goes when the engine goes: a
+    registry keyed by engine would hold every engine ever opened, because the index itself
+    references its engine (the simulator opens one per simulated restart)."""
+
+    attachment_key = "troupe.retrieval.shared_index"
+    lock_key = "troupe.retrieval.shared_index_lock"
 
     async def index_for(self, engine: Any, embedder: Any = None) -> MemoryIndex:
         """The engine's index; concurrent first callers wait for one open."""
-        index = self._indexes.get(engine)
+        attachments = engine.attachments
+        index = attachments.get(self.attachment_key)
         if index is not None:
             return index
-        lock = self._locks.setdefault(engine, trio.Lock())
+        lock = attachments.setdefault(self.lock_key, trio.Lock())
         async with lock:
-            index = self._indexes.get(engine)
+            index = attachments.get(self.attachment_key)
             if index is None:
                 index = await MemoryIndex.open(
                     TokenizedDatabase(engine),
                     embedder=embedder,
                     executor=getattr(engine, "executor", None),
                 )
-                self._indexes[engine] = index
+                attachments[self.attachment_key] = index
         return index
 
     def opened(self, engine: Any) -> MemoryIndex | None:
         """The engine's index if one is open."""
-        return self._indexes.get(engine)
+        return engine.attachments.get(self.attachment_key)
 
     def forget_engine(self, engine: Any) -> None:
         """Drop the index of an engine that is closing (tests, restarts)."""
-        self._indexes.pop(engine, None)
+        engine.attachments.pop(self.attachment_key, None)
 
 
 shared_memory_indexes = SharedMemoryIndexes()

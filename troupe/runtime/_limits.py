@@ -35,6 +35,12 @@ recovery_backoff_seconds_max = 30.0
 poison_fingerprints_max = 4096
 """Crash counts remembered per kind for poison detection (LRU)."""
 
+poison_quarantine_seconds = 60.0
+"""How long a message that crashed its actor twice stays refused after its last crash.  Poison
+is a message that crashes whenever it runs; requests without fields (a read of a character's
+settings, a health check) repeat byte for byte, so a quarantine without end would turn two
+unlucky crashes into a route that fails until restart."""
+
 restart_histories_max = 4096
 """Actors per kind whose recent restarts are remembered across passivation (LRU)."""
 

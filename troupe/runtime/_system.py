@@ -213,7 +213,8 @@ class _KindRuntime:
         self.passivating: dict[str, trio.Event] = {}
         self.cells: dict[_Cell, None] = {}
         """Every cell whose task runs, live or detached (insertion-ordered: deterministic)."""
-        self.crash_counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.crash_counts: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
+        """(key, message fingerprint) -> (crashes, monotonic time of the last one)."""
         self.restart_histories: OrderedDict[str, deque[float]] = OrderedDict()
         """Recent restarts per actor key.  They outlive the cell: an actor that crashes,
         passivates and comes back must not get a fresh intensity budget each time."""
@@ -518,12 +519,18 @@ class ActorSystem:
         spec = runtime.spec
         message = envelope.message
         # Fingerprints cost a repr: only compute them once this kind has seen a crash.
-        if runtime.crash_counts and runtime.crash_counts.get((cell.key, _fingerprint(message)), 0) >= 2:
-            self.tracer.record(
-                "poison_refused", spec.name, cell.key, message=type(message).__name__, **_identity(message)
-            )
-            envelope.fail(PoisonMessage(spec.name, cell.key, "message is quarantined as poison"))
-            return
+        fingerprint = None
+        if runtime.crash_counts:
+            fingerprint = (cell.key, _fingerprint(message))
+            crashes, last_crash = runtime.crash_counts.get(fingerprint, (0, 0.0))
+            if crashes >= 2:
+                if self.env.clock.monotonic() - last_crash < _limits.poison_quarantine_seconds:
+                    self.tracer.record(
+                        "poison_refused", spec.name, cell.key, message=type(message).__name__, **_identity(message)
+                    )
+                    envelope.fail(PoisonMessage(spec.name, cell.key, "message is quarantined as poison"))
+                    return
+                # The quarantine is over: the message gets one more chance.
         # The hot path: no helper call and no keyword merge unless the message has an id.
         trace_id = getattr(message, "trace_id", None)
         if trace_id.__class__ is str:
@@ -546,6 +553,8 @@ class ActorSystem:
         except Exception as error:
             await self._after_crash(cell, envelope, error)
             return
+        if fingerprint is not None:
+            runtime.crash_counts.pop(fingerprint, None)  # it ran: whatever crashed it was not it
         finished = clock.monotonic()
         cell.last_active = finished
         elapsed = finished - cell.turn_started
@@ -573,8 +582,8 @@ class ActorSystem:
         count = 0
         if not isinstance(error, self.transient_errors):
             fingerprint = (cell.key, _fingerprint(envelope.message))
-            count = runtime.crash_counts.pop(fingerprint, 0) + 1
-            runtime.crash_counts[fingerprint] = count
+            count = runtime.crash_counts.pop(fingerprint, (0, 0.0))[0] + 1
+            runtime.crash_counts[fingerprint] = (count, self.env.clock.monotonic())
             while len(runtime.crash_counts) > _limits.poison_fingerprints_max:
                 runtime.crash_counts.popitem(last=False)
         # Only the type goes into the trace: messages may hold paths or addresses, which would

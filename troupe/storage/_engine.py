@@ -135,6 +135,11 @@ class Engine:
         if not 1 <= batch_jobs_max <= queue_jobs_max:
             raise ValueError("need 1 <= write_batch_jobs_max <= write_queue_jobs_max")
         self.path = path
+        self.attachments: dict[str, Any] = {}
+        """Per-engine state of components built over this engine (the shared recall index),
+        keyed by component.  Kept here rather than in a registry keyed by engine: such state
+        references the engine, and a weak-keyed registry whose values reference their key
+        never lets go (every simulated restart leaked an engine and its index)."""
         self._env = env
         self._executor = env.executor
         self._vfs_name: str | None = env.storage.vfs_name

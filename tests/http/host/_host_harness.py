@@ -57,6 +57,7 @@ class HostServer:
     port: int
     clock: MovableClock
     ready: list[bool] = field(default_factory=lambda: [True])
+    app: Any = None
 
     @property
     def url(self) -> str:
@@ -93,7 +94,8 @@ async def start_host_server(nursery: trio.Nursery, data_dir: str, **app_options:
     dependencies = HostAppDependencies(
         env=env, engine=engine, system=system, readiness=lambda: server.ready[0], **app_options
     )
-    server.port = await start_hypercorn(nursery, create_host_app(dependencies))
+    server.app = create_host_app(dependencies)
+    server.port = await start_hypercorn(nursery, server.app)
     return server
 
 

@@ -13,7 +13,7 @@ def test_the_surface_is_named_host_on_8080_with_its_kinds_and_migrations():
     surface = troupe.http.host.host_surface
     assert surface.name == "host"
     assert (surface.listen_default.host, surface.listen_default.port) == ("127.0.0.1", 8080)
-    assert [kind.name for kind in surface.actor_kinds] == ["entry", "host_media", "host_state", "learner"]
+    assert [kind.name for kind in surface.actor_kinds] == ["entry", "host_media", "host_state", "learner", "host_goals"]
     assert {migration.component for migration in surface.migrations} == {"auth", "host", "retrieval"}
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,25 +156,29 @@ class HostMemoryIndexes:
     """The shared index of an engine, caught up with the host's memories once per engine
     (see the module docstring)."""
 
+    # Kept in the engine's attachments (never in a registry keyed by engine: the index
+    # references its engine, so such a registry would keep every engine ever opened).
+    caught_up_key = "troupe.host.caught_up_index"
+    lock_key = "troupe.host.catch_up_lock"
+
     def __init__(self, shared: SharedMemoryIndexes | None = None) -> None:
         self._shared = shared if shared is not None else shared_memory_indexes
-        self._caught_up: weakref.WeakKeyDictionary[Any, MemoryIndex] = weakref.WeakKeyDictionary()
-        self._locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def index_for(self, engine: Any, embedder: Any = None) -> MemoryIndex:
         index = await self._shared.index_for(engine, embedder)
-        if self._caught_up.get(engine) is index:
+        attachments = engine.attachments
+        if attachments.get(self.caught_up_key) is index:
             return index
-        lock = self._locks.setdefault(engine, trio.Lock())
+        lock = attachments.setdefault(self.lock_key, trio.Lock())
         async with lock:
-            if self._caught_up.get(engine) is not index:
+            if attachments.get(self.caught_up_key) is not index:
                 await catch_up_index(engine, index)
-                self._caught_up[engine] = index
+                attachments[self.caught_up_key] = index
         return index
 
     def forget_engine(self, engine: Any) -> None:
         """Drop the index of an engine that is closing (tests, restarts)."""
-        self._caught_up.pop(engine, None)
+        engine.attachments.pop(self.caught_up_key, None)
         self._shared.forget_engine(engine)
 
 

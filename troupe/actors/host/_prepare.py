@@ -11,7 +11,8 @@ The eight sections and where each comes from today:
 - ``recent_messages``: this entry's last ``recent_limit`` messages in order, ``unlearned``
   unless their learning succeeded;
 - ``state``: the host-reported state as ``GET /state`` shows it, ``{}`` when idle;
-- ``goals``: always ``[]`` (goals are a later issue);
+- ``goals``: the entry's and the global active goals that are injectable (``_goals.injected_goals``),
+  each with its deadline / due / basis-changed hints;
 - ``hints``: degradations (judgment, recall) and ``other_entries_pending``;
 - ``entry_profile``: null (no profile generation yet);
 - ``people``: ``[]`` (no published person summaries yet; ``people_limit`` is validated).
@@ -36,6 +37,7 @@ from troupe.auth import TokenGrant
 from troupe.models import ChatMessage, CompletionRequest
 from troupe.retrieval import MemoryIndex, RecallFilter
 
+from ._goals import injected_goals
 from ._memories import MemoryRecord, TokenizedDatabase, load_memories, memory_tenant
 from ._persona import persona_section
 from ._recall import (
@@ -266,6 +268,7 @@ class _Shown:
     pending: dict[str, Any] | None
     state: dict[str, Any]
     persona: dict[str, Any]
+    goals: list[dict[str, Any]]
 
 
 async def prepare_entry(
@@ -308,6 +311,8 @@ async def prepare_entry(
             other_entries_pending(connection, grant.scope, entry_id),
             current_state(connection, grant.scope, now),
             persona_section(connection, now),
+            injected_goals(connection, now=now, allows=grant.scope.allows, entry_id=entry_id,
+                           limit=query.goal_limit, whole_scope=False),
         )
 
     shown = await database.read(read_shown)
@@ -332,7 +337,7 @@ async def prepare_entry(
         "memories": [memory_document(record, reasons[record.id], grant.scope, shown.lookup) for record in chosen],
         "recent_messages": context.recent,
         "state": shown.state,
-        "goals": [],
+        "goals": shown.goals,
         "hints": [*hints, *([shown.pending] if shown.pending else [])],
         "entry_profile": None,
         "people": [],

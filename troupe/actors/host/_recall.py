@@ -31,6 +31,7 @@ import apsw
 from troupe.auth import TokenGrant, TokenScope
 from troupe.retrieval import MemoryIndex, RecallFilter
 
+from ._goals import injected_goals
 from ._memories import MemoryRecord, TokenizedDatabase, load_memories, memory_tenant
 from ._schema import learning_states_unlearned
 from ._state import load_state, state_document
@@ -46,6 +47,8 @@ the cleanup of up to this many old ones, so the table stays bounded with no sepa
 recall_fetch_limit = 200
 """Candidates fetched from the index before the facets it does not hold filter them."""
 search_limit_default = 8
+search_goals_max = 10
+"""Goals a search with ``include_goals`` returns (active, injectable, soonest deadline first)."""
 search_limit_max = 100
 recall_id_prefix = "recall_"
 learned_state = "learned"
@@ -273,14 +276,16 @@ async def search_memories(
     else:
         candidates = await database.read(lambda connection: _listed_ids(connection, query))
 
-    def read(connection: apsw.Connection) -> tuple[list[MemoryRecord], SourceLookup, dict[str, Any] | None]:
+    def read(connection: apsw.Connection) -> tuple[list[MemoryRecord], SourceLookup, dict[str, Any] | None, Any]:
         records = load_memories(connection, candidates)
         chosen = [records[memory_id] for memory_id in candidates
                   if memory_id in records and _admits(records[memory_id], query)][:query.limit]
         state = current_state(connection, grant.scope, now) if query.include_state else None
-        return chosen, source_lookup(connection, chosen), state
+        goals = injected_goals(connection, now=now, allows=grant.scope.allows, entry_id=query.entry_id,
+                               limit=search_goals_max, whole_scope=True) if query.include_goals else None
+        return chosen, source_lookup(connection, chosen), state, goals
 
-    chosen, lookup, state = await database.read(read)
+    chosen, lookup, state, goals = await database.read(read)
     chosen_ids = [record.id for record in chosen]
     # Only the recall record goes through the writer, and it is durable before the reply.
     await engine.write(
@@ -290,8 +295,8 @@ async def search_memories(
         "hints": hints,
         "recall_id": recall_id,
     }
-    if query.include_goals:
-        document["goals"] = []
+    if goals is not None:
+        document["goals"] = goals
     if state is not None:
         document["state"] = state
     return document
@@ -312,6 +317,7 @@ __all__ = [
     "recall_sweep_rows_max",
     "recall_valid_seconds",
     "record_recall",
+    "search_goals_max",
     "search_limit_default",
     "search_limit_max",
     "search_memories",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from troupe.storage import Migration
 
+from ._goal_schema import goal_tables_sql
 from ._learning_schema import learning_tables_sql
 from ._media_store import media_tables_sql
 from ._memories import memory_tables_sql, retrieval_migration
@@ -85,6 +86,8 @@ host_migrations: tuple[Migration, ...] = (
     Migration(component=host_component, number=5, name="state", sql=state_tables_sql),
     # The character's persona, one row per version (``_persona``).
     Migration(component=host_component, number=6, name="persona", sql=persona_tables_sql),
+    # Goals, host-key receipts, published notifications, the character's time zone (``_goal_schema``).
+    Migration(component=host_component, number=7, name="goals_and_notifications", sql=goal_tables_sql),
 )
 
 learning_state_pending = "pending"

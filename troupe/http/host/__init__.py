@@ -8,7 +8,10 @@
 - the unified error body (``HostError``, ``error_document``, ``host_error_envelope``) and the
   route table (body limits per route, ``entry_segment``);
 - request models (``MessageIn``, ``parse_message_batch``) and the OpenAPI document;
-- ``add_persona_commands`` / ``run_persona_command``: ``troupe persona set|show``.
+- ``add_persona_commands`` / ``run_persona_command``: ``troupe persona set|show``;
+- ``EventsHub`` / ``EventSettings`` (``app.state.events``: slots, event ids, replay cursors,
+  ``shutdown()``) and ``EventsRoute``: ``GET /api/v1/events`` (SSE) and ``/events/status``;
+  ``GET /api/v1/notifications`` (``_routes_notifications``).
 """
 
 from ._app import EntryIdConverter, HostAppDependencies, ask_actor, create_host_app
@@ -19,6 +22,30 @@ from ._errors import (
     error_document,
     host_error_envelope,
     retry_at_text,
+)
+from ._events import (
+    EventCursors,
+    EventLimitReached,
+    EventSettings,
+    EventsHub,
+    StreamStart,
+    code_event_global_limit,
+    code_event_token_limit,
+    event_connection_seconds_max,
+    event_connections_max,
+    event_connections_per_token_max,
+    event_cursors_max,
+    event_final_send_seconds_max,
+    event_heartbeat_seconds,
+    event_idle_seconds,
+    event_limit_retry_after_seconds,
+    event_notification_window_ids,
+    event_poll_seconds,
+    event_replay_seconds,
+    event_send_seconds_max,
+    parse_event_id,
+    resync_cursor_unavailable,
+    resync_window_exceeded,
 )
 from ._gate import GateAdmission, HostGate, NoStore, admission_key, admission_of
 from ._openapi import docs_page, openapi_document
@@ -35,6 +62,8 @@ from ._routes import (
     raw_routes,
     state_body_bytes_max,
 )
+from ._routes_events import EventsRoute, events_path, events_status_path, requested_event_id
+from ._routes_notifications import notifications_path
 from ._schemas import CustomPace, MessageIn, parse_message_batch
 from ._surface import (
     allowed_hosts_variable,
@@ -44,6 +73,33 @@ from ._surface import (
 )
 
 __all__ = [
+    "EventCursors",
+    "EventLimitReached",
+    "EventSettings",
+    "EventsHub",
+    "EventsRoute",
+    "StreamStart",
+    "code_event_global_limit",
+    "code_event_token_limit",
+    "event_connection_seconds_max",
+    "event_connections_max",
+    "event_connections_per_token_max",
+    "event_cursors_max",
+    "event_final_send_seconds_max",
+    "event_heartbeat_seconds",
+    "event_idle_seconds",
+    "event_limit_retry_after_seconds",
+    "event_notification_window_ids",
+    "event_poll_seconds",
+    "event_replay_seconds",
+    "event_send_seconds_max",
+    "events_path",
+    "events_status_path",
+    "notifications_path",
+    "parse_event_id",
+    "requested_event_id",
+    "resync_cursor_unavailable",
+    "resync_window_exceeded",
     "CustomPace",
     "EntryIdConverter",
     "FieldProblem",

@@ -45,8 +45,11 @@ from ._errors import (
 from ._gate import HostGate, NoStore
 from ._intake_route import IntakeRoute
 from ._openapi import docs_page, openapi_document
+from ._routes_events import EventsRoute, install_event_routes
+from ._routes_goals import install_goal_routes
 from ._routes_learning import install_learning_routes
 from ._routes_media import install_media_routes
+from ._routes_notifications import install_notification_routes
 from ._routes_recall import install_recall_routes
 from ._routes_state import install_state_routes
 from ._schemas import decode_json_body
@@ -68,6 +71,11 @@ class HostAppDependencies:
     allowed_hosts: Iterable[str] = ()
     rate_per_second: float = rate_per_second_default
     rate_burst: int = burst_default
+    shutdown: Any = None
+    """The server's ``ShutdownSignal`` (SIGINT/SIGTERM end every events stream first); None
+    for an embedded app, which calls ``app.state.events.shutdown()`` itself."""
+    event_settings: Any = None
+    """``EventSettings`` for ``/events`` (None: the contract's limits)."""
 
 
 class EntryIdConverter(BaseConverter):
@@ -94,7 +102,7 @@ def create_host_app(dependencies: HostAppDependencies) -> QuartTrio:
     )
     intake = IntakeRoute(system=dependencies.system, ask=ask_actor, wall=dependencies.env.clock.wall)
     gate = HostGate(
-        app.asgi_app,
+        EventsRoute(app.asgi_app, app.state.events),
         intake=intake,
         engine=dependencies.engine,
         readiness=dependencies.readiness,
@@ -167,6 +175,9 @@ def _install_routes(app: QuartTrio, dependencies: HostAppDependencies) -> None:
     install_state_routes(app, dependencies)
     install_recall_routes(app, dependencies)
     install_learning_routes(app, dependencies)
+    install_goal_routes(app, dependencies)
+    install_notification_routes(app, dependencies)
+    install_event_routes(app, dependencies)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

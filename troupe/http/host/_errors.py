@@ -27,6 +27,8 @@ Codes, by status:
 404   ``not_found``          no such route or object
 404   ``media_not_found``    a ``media_ids`` reference is unknown or not referenceable
 404   ``recall_not_found``   feedback on an unknown recall id
+409   ``revision_conflict``  a goal PATCH's ``expected_revision`` is not the goal's revision
+409   ``goal_merged``        the goal was merged into another (``canonical_id`` names it)
 404   ``memory_not_found``   feedback names a memory that has been deleted
 413   ``payload_too_large``  the body, or one message's content, is over its byte limit
 429   ``rate_limited``       the token's rate bucket is empty
@@ -51,6 +53,8 @@ code_unauthorized = "unauthorized"
 code_entry_forbidden = "entry_forbidden"
 code_not_found = "not_found"
 code_media_not_found = "media_not_found"
+code_revision_conflict = "revision_conflict"
+code_goal_merged = "goal_merged"
 code_payload_too_large = "payload_too_large"
 code_rate_limited = "rate_limited"
 code_internal_error = "internal_error"
@@ -64,6 +68,8 @@ default_messages: dict[str, str] = {
     code_entry_forbidden: "令牌无权访问该入口",
     code_not_found: "对象不存在",
     code_media_not_found: "媒体对象不存在或不可引用",
+    code_revision_conflict: "目标已被修改，请重新读取后再决定",
+    code_goal_merged: "目标已合并到保留对象，请读取保留对象后明确提交",
     code_payload_too_large: "请求正文或内容超过字节上限",
     code_rate_limited: "请求过于频繁，请稍后重试",
     code_internal_error: "服务内部错误",
@@ -179,6 +185,7 @@ __all__ = [
     "code_bad_host",
     "code_entry_forbidden",
     "code_for_status",
+    "code_goal_merged",
     "code_internal_error",
     "code_invalid_request",
     "code_media_not_found",
@@ -186,6 +193,7 @@ __all__ = [
     "code_not_found",
     "code_payload_too_large",
     "code_rate_limited",
+    "code_revision_conflict",
     "code_unauthorized",
     "code_unavailable",
     "default_messages",

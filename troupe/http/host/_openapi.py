@@ -60,8 +60,9 @@ _error_statuses = {
     "401": "缺失、无效或已撤销的令牌（带 WWW-Authenticate: Bearer）",
     "403": "令牌无权访问该入口（entry_forbidden）",
     "404": "对象不存在或媒体不可引用",
+    "409": "修订冲突（revision_conflict）或目标已合并（goal_merged，附 canonical_id）；重新读取再决定",
     "413": "正文或单条内容超过字节上限",
-    "429": "单令牌限流（rate_limited），按整数秒 Retry-After 重试",
+    "429": "单令牌限流（rate_limited），按整数秒 Retry-After 重试；事件流连接数超限为 event_token_limit／event_global_limit（Retry-After: 5）",
     "500": "服务内部错误（internal_error），不含细节；写请求可用相同去重键重试",
     "503": "启动、关闭或存储暂不可用，按 Retry-After 重试",
 }
@@ -108,8 +109,11 @@ def _paths() -> dict[str, Any]:
     }
     message = {"$ref": _ref.format(model="Message")}
     # Imported here: those modules import ``_operation`` from this one.
+    from ._routes_events import events_openapi_paths
+    from ._routes_goals import goals_openapi_paths
     from ._routes_learning import learning_openapi_paths
     from ._routes_media import media_openapi_paths
+    from ._routes_notifications import notifications_openapi_paths
     from ._routes_recall import recall_openapi_paths
     from ._routes_state import state_openapi_paths
 
@@ -118,6 +122,9 @@ def _paths() -> dict[str, Any]:
         **state_openapi_paths(),
         **recall_openapi_paths(),
         **learning_openapi_paths(),
+        **goals_openapi_paths(),
+        **notifications_openapi_paths(),
+        **events_openapi_paths(),
         f"{api_prefix}/entries/{{entry_id}}/messages": {
             "parameters": [entry_parameter],
             "post": _operation(
@@ -286,9 +293,10 @@ def _use_section_schemas(paths: dict[str, Any]) -> None:
 
 def error_codes() -> list[str]:
     """Every ``error.code`` this surface can answer."""
+    from ._routes_events import event_refusals
     from ._routes_recall import refusal_statuses
 
-    return sorted({*default_messages, *refusal_statuses})
+    return sorted({*default_messages, *refusal_statuses, *event_refusals})
 
 
 def _documentation_paths() -> dict[str, Any]:

@@ -327,7 +327,9 @@ def recall_openapi_paths() -> dict[str, Any]:
         "recent_messages": {"type": "array", "description": "本入口近期原始消息，按顺序；unlearned 表示尚未成功学习",
                             "items": {"type": "object"}},
         "state": {"type": "object", "description": "宿主报告的当前活动；无活动为 {}"},
-        "goals": {"type": "array", "description": "本版始终为空数组"},
+        "goals": {"type": "array", "description": "本入口及全局的当前适用目标和询问（去重待复核且未到兜底时刻的不注入），"
+                  "最早截止在前；每项带 hints：deadline_near、deadline_passed、basis_changed、dedup_pending",
+                  "items": {"type": "object"}},
         "hints": {"type": "array", "items": hint},
         "entry_profile": {"type": ["object", "null"], "description": "本版尚无画像生成，始终为 null"},
         "people": {"type": "array", "description": "本版尚无人物摘要，始终为 []"},
@@ -336,7 +338,8 @@ def recall_openapi_paths() -> dict[str, Any]:
     }}
     search_response = {"type": "object", "properties": {
         "memories": memories, "hints": {"type": "array", "items": hint}, "recall_id": {"type": "string"},
-        "goals": {"type": "array", "description": "仅 include_goals 时返回"},
+        "goals": {"type": "array", "description": "仅 include_goals 时返回：令牌范围内（给出 entry_id 时为该入口）及全局的"
+                  "当前适用目标，形状同 prepare.goals，最多 10 项", "items": {"type": "object"}},
         "state": {"type": "object", "description": "仅 include_state 时返回"},
     }}
     feedback_response = {"type": "object", "properties": {

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from troupe.actors.host import (
     entry_actor_kind,
+    goals_actor_kind,
     host_migrations,
     learner_actor_kind,
     media_actor_kind,
@@ -47,6 +48,7 @@ def _create(context: SurfaceContext) -> ASGIApp:
         system=context.system,
         readiness=readiness,
         allowed_hosts=(*context.options.allowed_hosts, *contract_allowed_hosts(os.environ)),
+        shutdown=context.shutdown,
     )
     return create_host_app(dependencies)
 
@@ -55,7 +57,8 @@ host_surface = Surface(
     "host",
     host_listen_default,
     _create,
-    actor_kinds=(entry_actor_kind(), media_actor_kind(), state_actor_kind(), learner_actor_kind()),
+    actor_kinds=(entry_actor_kind(), media_actor_kind(), state_actor_kind(), learner_actor_kind(),
+                 goals_actor_kind()),
     migrations=(*auth_migrations, *host_migrations),
 )
 
