@@ -50,3 +50,22 @@ def test_sessions_seed_that_once_failed_passes(seed):
     # watermark behind, and two epochs crashed in a row started at the same seq.
     result = run_simulation(SimulationConfig(seed=seed, steps=300, workloads=("sessions",)))
     assert result.violations == []
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_character_seed_that_once_failed_passes(seed):
+    # Character workload (200 steps): 1: /new_dialog and /release_character answered 500
+    # while a settle held the lock; 3: a Health check quarantined as poison after two
+    # injected crashes made every route answer 500.
+    result = run_simulation(SimulationConfig(seed=seed, steps=200, workloads=("character",)))
+    assert result.violations == []
+
+
+def test_character_seed_7_no_longer_spins_after_a_backward_clock_jump():
+    # Character workload (200 steps): 7: after the wall clock jumped back, the outbox claimed
+    # on the wall clock while its reminder fired on the reminder service's (which never goes
+    # back): a retry due for one but not the other re-armed the reminder at once, over and
+    # over at one simulated instant (609 firings, 658 runner starts; 12 and 66 since).
+    result = run_simulation(SimulationConfig(seed=7, steps=200, workloads=("character",)))
+    assert result.violations == []
+    assert result.event_counts["reminder_fire"] < 100

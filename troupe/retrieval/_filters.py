@@ -57,6 +57,12 @@ class RecallFilter:
     include_forgotten: bool = False
 
 
+facet_prefilter_share_max = 0.5
+"""The text index's facet pre-filter is used only for filters whose candidates are fewer than
+this share of the live items (measured at 100k knowledge items, 88% in one scope: the bm25
+top-270 of a four-term query took 5-17 ms with the pre-filter and half that without)."""
+
+
 class FacetBitmaps:
     """Per-facet bitmaps of item ids, plus the forgotten and deleted tombstones."""
 
@@ -202,6 +208,15 @@ class FacetBitmaps:
         index's facet pre-filter would then only cost time (intersecting the longest posting
         list of all), never remove a match."""
         return len(candidates) == len(self.every_item)
+
+    def admits_most_items(self, candidates: BitMap) -> bool:
+        """Whether ``candidates`` hold at least ``facet_prefilter_share_max`` of the live
+        items: the text index's facet pre-filter then costs more than it saves, since it
+        walks a posting list about as long as the index to remove few matches, and
+        filtering the ranked rows by the bitmap (over-fetching by the selectivity) finds the
+        same hits."""
+        live = len(self.every_item) - len(self.deleted)
+        return len(candidates) >= facet_prefilter_share_max * live
 
     def any_with_context(self, allowed: BitMap) -> bool:
         """Whether any id of ``allowed`` has a non-empty ``context``."""

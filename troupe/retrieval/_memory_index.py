@@ -24,7 +24,9 @@ per embedder fingerprint, and recall uses only those of the current one).
 
 Text-index shortcuts that change no answer (``tests/retrieval/test_shared_scans.py``): the
 facet pre-filter is left out when the filter's candidates are every item there is (it would
-only cost an intersection with the longest posting list), and the context-weighted list
+only cost an intersection with the longest posting list), or most of them
+(``facet_prefilter_share_max``: the ranked rows are filtered by the bitmap instead, which
+over-fetches by its selectivity and grows until it has enough), and the context-weighted list
 reuses the text list when no allowed item has a context (both then rank every match alike),
 so a recall over a store without contexts scores its matches once, not twice.  The graph
 search runs inside the same storage read, off the event loop.
@@ -615,13 +617,17 @@ class MemoryIndex:
                 parsed = TextQuery(remaining)
         candidate_ids = self._bitmaps.candidates(recall_filter)
         candidates = len(candidate_ids)
-        facet_expression = (
-            None
-            if self._bitmaps.admits_every_item(candidate_ids)
-            else _store.facet_match_expression(
+        facet_expression = None
+        if self._bitmaps.admits_every_item(candidate_ids):
+            pass
+        elif self._bitmaps.admits_most_items(candidate_ids):
+            # Most of the index: the bitmap filters the ranked rows instead, over-fetching by
+            # its selectivity among everything the text index holds.
+            candidates = self._live_items()
+        else:
+            facet_expression = _store.facet_match_expression(
                 recall_filter.tenant, recall_filter.scopes, recall_filter.kinds
             )
-        )
         degraded = None
         vectors: VectorIndex | None = None
         if not self.embedder_ready():

@@ -78,4 +78,11 @@ def make_workloads(names: list[str] | None) -> list[Workload]:
 def _load_builtin_workloads() -> None:
     # Each module registers its workload when imported (imported here, late, because the
     # workloads import this module).
-    from . import _admin_workload, _bank, _host_workload, _registers, _sessions_workload  # noqa: F401
+    from . import (  # noqa: F401
+        _admin_workload,
+        _bank,
+        _character_workload,
+        _host_workload,
+        _registers,
+        _sessions_workload,
+    )

@@ -25,6 +25,7 @@ from troupe.actors.character import (
     character_name_problem,
     content_text,
     fact_count,
+    fold_recent_prefix,
     funnel_counts,
     get_correction,
     get_reflection,
@@ -41,6 +42,7 @@ from troupe.actors.character import (
     read_document,
     read_recent,
     read_recent_meta,
+    read_recent_positioned,
     read_time_indexed,
     recent_history_messages_max,
     record_correction,
@@ -143,6 +145,31 @@ async def test_a_compression_swaps_the_window_and_its_metadata_at_once(engine):
     with pytest.raises(refused):
         await engine.write(lambda c: replace_recent(
             c, "小天", [], {"blob": "x" * _store.recent_meta_bytes_max}, base_time))
+
+
+async def test_folding_a_prefix_keeps_what_was_appended_after_the_read(engine):
+    await engine.write(lambda c: append_recent(c, "小天", [user("a"), user("b"), user("c")], base_time))
+    positioned = await engine.read(lambda c: read_recent_positioned(c, "小天"))
+    assert [message.content for _, message in positioned] == ["a", "b", "c"]
+    assert [position for position, _ in positioned] == sorted(position for position, _ in positioned)
+    # A turn appends while the compression of a, b runs: only a, b are folded.
+    await engine.write(lambda c: append_recent(c, "小天", [user("d")], base_time + 1))
+    through = positioned[1][0]
+    left = await engine.write(lambda c: fold_recent_prefix(c, "小天", through, {"summary": "a b"}, base_time + 2))
+    assert left == 2
+    assert [m.content for m in await engine.read(lambda c: read_recent(c, "小天"))] == ["c", "d"]
+    assert await engine.read(lambda c: read_recent_meta(c, "小天")) == {"summary": "a b"}
+    # Positions keep growing after a fold, so a later fold never takes a newer message.
+    await engine.write(lambda c: append_recent(c, "小天", [user("e")], base_time + 3))
+    positions = [position for position, _ in await engine.read(lambda c: read_recent_positioned(c, "小天"))]
+    assert positions == sorted(positions) and positions[0] > through
+    # The metadata bound holds at and just over its limit (the JSON text's bytes).
+    fits = {"s": "x" * (_store.recent_meta_bytes_max - len('{"s":""}'))}
+    await engine.write(lambda c: fold_recent_prefix(c, "小天", -1, fits, base_time + 4))
+    with pytest.raises(refused):
+        await engine.write(lambda c: fold_recent_prefix(
+            c, "小天", -1, {"s": "x" * (_store.recent_meta_bytes_max - len('{"s":""}') + 1)}, base_time + 4))
+    assert len(await engine.read(lambda c: read_recent(c, "小天"))) == 3
 
 
 # -- raw rows ------------------------------------------------------------------------------

@@ -480,7 +480,7 @@ class CharacterActor(Actor):
         generation = self.claims.generation
         plan = _tasks_for(route, len(messages))
         task_ids = [env.ids.new_id(task_id_prefix) for _ in plan]
-        loop_due = None if self.loop_armed else now + self.settings.memory_loop_interval_seconds
+        loop_due = None if self.loop_armed else self._reminder_now() + self.settings.memory_loop_interval_seconds
 
         def write(connection: apsw.Connection) -> int:
             if loop_due is not None:
@@ -636,6 +636,14 @@ class CharacterActor(Actor):
             return (compression_kind,)
         return outbox_task_kinds
 
+    def _reminder_now(self) -> float:
+        """The outbox's clock: the reminder service's wall time, which never goes back.  A
+        task's ``available_at`` decides both when the outbox reminder fires and when a claim
+        may take the task, so the two must read one clock: after the wall clock jumped back, a
+        claim on ``env.clock.wall()`` refused what the reminder (on its high-water mark) found
+        due, and ``_task_ended`` re-armed the reminder at that moment again and again."""
+        return self.context.system.reminders.now()
+
     def _pump(self) -> None:
         """Start the runner if it is not running and something may be claimable."""
         if self.context.task_running(outbox_task_name) or not self._claimable_kinds():
@@ -648,7 +656,7 @@ class CharacterActor(Actor):
         reports the active tasks it saw (``OutboxIdle``), so the task-ended turn need not read
         them again.  Runs outside turns: it reads the actor's state only between awaits.
         Returns ``None`` when it stopped for another reason (the turn then reads)."""
-        storage, env = self.context.storage, self.context.env
+        storage = self.context.storage
         if self.settings.outbox_batch_seconds > 0 and not self.settling:
             with trio.move_on_after(self.settings.outbox_batch_seconds) as self.outbox_batching:
                 await trio.sleep_forever()
@@ -660,7 +668,7 @@ class CharacterActor(Actor):
             more = ran < self.settings.outbox_tasks_per_run_max
             kinds = self._claimable_kinds() if more else ()
             changes = self.outbox_changes
-            job = self._finish_and_claim(finished, outcome, kinds, env.clock.wall())
+            job = self._finish_and_claim(finished, outcome, kinds, self._reminder_now())
             try:
                 completed, task, idle = await storage.write(job)
             finally:
@@ -669,12 +677,13 @@ class CharacterActor(Actor):
                 if finished is not None and outcome is not None and not isinstance(outcome, TaskFailure):
                     self.memory.memory_changed(self._port())
             if finished is not None and not isinstance(outcome, TaskFailure):
-                self.context.trace("character_task", task=finished.kind, completed=completed)
+                self.context.trace("character_task", task=finished.kind, task_id=finished.task_id,
+                                   completed=completed)
             if task is None:
                 return None if idle is None else replace(idle, changes=changes)
             if task.kind in derived_task_kinds and self.claims.live:
                 # A release arrived while the claim was in flight: hand it back untouched.
-                await storage.write(partial(recover_claims, name=self.name, now=env.clock.wall()))
+                await storage.write(partial(recover_claims, name=self.name, now=self._reminder_now()))
                 return None
             self.running_task = task
             try:
@@ -731,7 +740,7 @@ class CharacterActor(Actor):
         if ended.name != outbox_task_name:
             return None
         name = self.name
-        now = self.context.env.clock.wall()
+        now = self._reminder_now()
         if ended.error is not None:
             # Storage trouble under the runner: its task stays claimed until recovery; try
             # again after a backoff rather than spinning.
@@ -783,7 +792,7 @@ class CharacterActor(Actor):
             active = last is not None and now - last <= self.settings.memory_loop_idle_seconds_max
             if active:
                 await self.context.set_reminder(memory_loop_reminder_name,
-                                                now + self.settings.memory_loop_interval_seconds)
+                                                self._reminder_now() + self.settings.memory_loop_interval_seconds)
             self.loop_armed = active
         self._pump()
         return registered
@@ -1254,23 +1263,25 @@ class StoreMemory:
     async def _compress(self, port: CharacterPort, detailed: bool) -> Effects | None:
         from ._context import history_summary_meta_key
         from ._reflection import DialogueLine, compress_history
-        from ._store import read_recent, read_recent_meta, replace_recent
+        from ._store import fold_recent_prefix, read_recent_meta, read_recent_positioned
 
-        def read(connection: apsw.Connection) -> tuple[list[Any], dict[str, Any]]:
-            return read_recent(connection, port.name), read_recent_meta(connection, port.name)
+        def read(connection: apsw.Connection) -> tuple[list[tuple[int, Any]], dict[str, Any]]:
+            return read_recent_positioned(connection, port.name), read_recent_meta(connection, port.name)
 
         recent, meta = await port.storage.read(read)
-        lines = [DialogueLine(message.role, _text_of(message.content), message.at) for message in recent]
+        lines = [DialogueLine(message.role, _text_of(message.content), message.at) for _, message in recent]
         previous = meta.get(history_summary_meta_key)
         compression = await compress_history(
             self._models(port), lines, previous_summary=previous if isinstance(previous, str) else "",
             detailed=detailed)
         if compression is None:
             return None
-        kept = recent[len(recent) - len(compression.kept):]
+        # The summary covers the prefix read above, no more: turns may have appended while the
+        # model ran, so the effect deletes by position instead of rewriting the window.
+        through_position = recent[compression.compressed_count - 1][0] if compression.compressed_count else -1
         now = port.env.clock.wall()
         metadata = compression.metadata(now=now)
-        return lambda connection: replace_recent(connection, port.name, kept, metadata, now)
+        return lambda connection: fold_recent_prefix(connection, port.name, through_position, metadata, now)
 
     async def _extract_facts(self, port: CharacterPort) -> Effects | None:
         """The post-turn work: facts stated in the raw rows past the cursor (at most

@@ -56,7 +56,6 @@ goes wrong inside recall → an empty, successful answer with ``error_code:
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -372,14 +371,18 @@ class CharacterRecall:
 class CharacterRecallIndexes:
     """The engine's shared ``MemoryIndex`` and one ``CharacterRecall`` per open character.
 
-    Keyed weakly by the engine (a simulator lifetime with a new engine gets new ones).
+    Kept in the engine's ``attachments`` (a simulator lifetime with a new engine gets new
+    ones; a registry keyed by engine would keep every engine ever opened, because the handles
+    reference their engine).
     """
+
+    characters_key = "troupe.character.recalls"
 
     def __init__(self, shared: SharedMemoryIndexes | None = None) -> None:
         self._shared = shared if shared is not None else shared_memory_indexes
-        self._characters: weakref.WeakKeyDictionary[Any, dict[str, CharacterRecall]] = (
-            weakref.WeakKeyDictionary()
-        )
+
+    def _characters_of(self, engine: Any) -> dict[str, CharacterRecall]:
+        return engine.attachments.setdefault(self.characters_key, {})
 
     async def index_for(self, engine: Any, embedder: Any = None) -> MemoryIndex:
         """The engine's index, shared with every surface (``shared_memory_indexes``)."""
@@ -388,7 +391,7 @@ class CharacterRecallIndexes:
     async def open_character(self, engine: Any, name: str, *, embedder: Any = None) -> CharacterRecall:
         """The character's recall handle, created (and reconciled with the store) on first
         use after start-up or after ``release``."""
-        characters = self._characters.setdefault(engine, {})
+        characters = self._characters_of(engine)
         recall = characters.get(name)
         if recall is None:
             index = await self.index_for(engine, embedder)
@@ -403,12 +406,12 @@ class CharacterRecallIndexes:
     def opened(self, engine: Any, name: str) -> CharacterRecall | None:
         """The character's handle if it is open (``None`` before first use or after
         ``release``)."""
-        return self._characters.get(engine, {}).get(name)
+        return self._characters_of(engine).get(name)
 
     def release(self, engine: Any, name: str) -> bool:
         """Drops the character's handle (its cursor and key map); True when one was open.
         The indexed items stay; the next ``open_character`` reconciles them with the store."""
-        recall = self._characters.get(engine, {}).pop(name, None)
+        recall = self._characters_of(engine).pop(name, None)
         if recall is None:
             return False
         recall.closed = True
@@ -416,7 +419,7 @@ class CharacterRecallIndexes:
 
     def forget_engine(self, engine: Any) -> None:
         """Drops everything of an engine that is closing (tests, restarts)."""
-        self._characters.pop(engine, None)
+        engine.attachments.pop(self.characters_key, None)
         self._shared.forget_engine(engine)
 
 

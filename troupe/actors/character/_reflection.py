@@ -350,7 +350,7 @@ class HistoryCompression:
     compressed_count: int
 
     def metadata(self, *, now: float) -> dict[str, Any]:
-        """The recent-history metadata to store with ``_store.replace_recent`` (what
+        """The recent-history metadata to store with ``_store.fold_recent_prefix`` (what
         ``_context`` renders as the earlier-conversation summary)."""
         return {history_summary_meta_key: self.summary, "compressed_count": self.compressed_count,
                 "compressed_at": now}

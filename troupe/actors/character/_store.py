@@ -10,8 +10,9 @@ themselves.  Tests drive them against a real engine.
 
 What is kept, per character (see ``_schema`` for the tables):
 - recent history (the working window the prompt shows) and its compression metadata;
-  ``append_recent`` keeps the newest ``recent_history_messages_max``, ``replace_recent``
-  swaps the whole window after a compression;
+  ``append_recent`` keeps the newest ``recent_history_messages_max``; a compression folds
+  the prefix it read into the metadata with ``fold_recent_prefix`` (by position, so messages
+  appended while the model ran stay), and ``replace_recent`` swaps the whole window;
 - raw time-indexed rows: every message with its timestamp (``/last_conversation_gap`` reads
   ``last_conversation_at``), the newest ``time_indexed_rows_per_character_max`` kept;
 - facts (active, archived), reflections with their lifecycle, persona entries with
@@ -347,6 +348,38 @@ def read_recent(connection: apsw.Connection, name: str,
         (name, count),
     ).fetchall()
     return [RecentMessage(role, json.loads(content), at) for role, content, at in reversed(rows)]
+
+
+def read_recent_positioned(connection: apsw.Connection, name: str) -> list[tuple[int, RecentMessage]]:
+    """Recent history with each message's position, oldest first.  Positions only grow
+    (``append_recent`` numbers after the highest), so a compression can name the prefix it
+    read and fold exactly that prefix later (``fold_recent_prefix``)."""
+    rows = connection.execute(
+        "SELECT position, role, content_json, at FROM character_recent WHERE name = ? "
+        "ORDER BY position DESC LIMIT ?",
+        (name, recent_history_messages_max),
+    ).fetchall()
+    return [(position, RecentMessage(role, json.loads(content), at))
+            for position, role, content, at in reversed(rows)]
+
+
+def fold_recent_prefix(connection: apsw.Connection, name: str, through_position: int,
+                       metadata: Mapping[str, Any], now: float) -> int:
+    """After a compression: delete the recent messages up to ``through_position`` (the newest
+    one the summary covers) and store the metadata, in one job.  Messages appended after the
+    compression read the window have higher positions and stay: a ``/cache`` that lands while
+    the model summarises must not lose its messages.  Returns the messages left."""
+    meta_text = _encode(dict(metadata))
+    if len(meta_text.encode()) > recent_meta_bytes_max:
+        raise ValueError(f"recent metadata larger than {recent_meta_bytes_max} bytes")
+    ensure_character(connection, name, now)
+    connection.execute("DELETE FROM character_recent WHERE name = ? AND position <= ?", (name, through_position))
+    (count,) = connection.execute("SELECT COUNT(*) FROM character_recent WHERE name = ?", (name,)).fetchone()
+    connection.execute(
+        "UPDATE character_profiles SET recent_count = ?, recent_meta_json = ? WHERE name = ?",
+        (count, meta_text, name),
+    )
+    return count
 
 
 def replace_recent(connection: apsw.Connection, name: str, messages: Sequence[MessageLike],
@@ -1225,6 +1258,7 @@ __all__ = [
     "facts_archived_per_character_max",
     "facts_per_add_max",
     "facts_per_character_max",
+    "fold_recent_prefix",
     "get_correction",
     "get_fact",
     "get_persona_entry",
@@ -1260,6 +1294,7 @@ __all__ = [
     "read_document",
     "read_recent",
     "read_recent_meta",
+    "read_recent_positioned",
     "read_time_indexed",
     "recent_history_messages_max",
     "recent_meta_bytes_max",

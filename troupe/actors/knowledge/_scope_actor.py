@@ -49,6 +49,7 @@ simulator's fault point ``sensitivity_check_fails`` makes the detector unavailab
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -57,7 +58,7 @@ import apsw
 import trio
 
 from troupe.runtime import Actor, ActorContext, ActorKind, TaskEnded
-from troupe.storage import reminder_set
+from troupe.storage import StorageError, reminder_set
 
 from ._conflicts import explicit_update_changes, stored_value
 from ._events_hub import publish_event
@@ -272,26 +273,33 @@ class KnowledgeScopeActor(Actor):
 
     async def on_reminder(self, name: str, payload: Any) -> None:
         if name == structuring_reminder_name:
-            self._pump()
+            # The payload is the time the reminder was set for: the reminder service fires on
+            # its own clock, which never goes back, so after a backward wall-clock jump it
+            # fires "early" by ours; what was due by its clock is due now (else the reminder
+            # fires, nothing is due, the reminder is set again and fires at once: a livelock).
+            self._pump(payload if isinstance(payload, int | float) else None)
 
-    def _pump(self) -> None:
+    def _pump(self, due_by: float | None = None) -> None:
         if not self.context.task_running(structuring_task_name):
-            self.context.start_task(structuring_task_name, self._structure_queue)
+            self.context.start_task(structuring_task_name, lambda: self._structure_queue(due_by))
 
-    async def _structure_queue(self) -> int:
-        """Structure this scope's queued evidence; runs beside the turns."""
+    async def _structure_queue(self, due_by: float | None = None) -> int:
+        """Structure this scope's queued evidence due by the wall clock (or by ``due_by``, a
+        fired reminder's own time); runs beside the turns.  An evidence is tried once per run:
+        its retry waits for the next run (a reminder after its backoff)."""
         storage, env, scope = self.context.storage, self.context.env, self.scope.text
-        done = 0
+        tried: set[str] = set()
         for _ in range(structuring_runs_max):
-            now = env.clock.wall()
+            now = max(env.clock.wall(), due_by or -math.inf)
             tasks = await storage.read(lambda connection, now=now: structuring_due(
-                connection, now, limit=scope_structuring_batch_max, scope=scope))
-            if not tasks:
+                connection, now, limit=scope_structuring_batch_max + len(tried), scope=scope))
+            fresh = [task for task in tasks if task.evidence_id not in tried]
+            if not fresh:
                 break
-            for task in tasks:
+            for task in fresh:
+                tried.add(task.evidence_id)
                 await self._structure_one(task.evidence_id)
-                done += 1
-        return done
+        return len(tried)
 
     async def _structure_one(self, evidence_id: str) -> None:
         storage, env = self.context.storage, self.context.env
@@ -301,8 +309,9 @@ class KnowledgeScopeActor(Actor):
         except Exception as error:
             logger.warning("structuring %s in %s failed: %s", evidence_id, self.scope.text, type(error).__name__)
             retry_at, reason = env.clock.wall() + self.settings.structuring_retry_seconds, type(error).__name__
+            counted = not isinstance(error, StorageError)  # the storage's failure, not the evidence's
             await storage.write(lambda connection: structuring_failed(
-                connection, evidence_id, error=reason, retry_at=retry_at))
+                connection, evidence_id, error=reason, retry_at=retry_at, counted=counted))
             return
         await storage.write(lambda connection: structuring_done(connection, evidence_id))
         for event in events:
@@ -319,8 +328,8 @@ class KnowledgeScopeActor(Actor):
         elif due <= now and ended.error is None:
             self._pump()
         else:
-            await self.context.set_reminder(structuring_reminder_name,
-                                            max(due, now + self.settings.structuring_retry_seconds))
+            at = max(due, now + self.settings.structuring_retry_seconds)
+            await self.context.set_reminder(structuring_reminder_name, at, at)
 
     # -- dispatch ----------------------------------------------------------------------------
 

@@ -950,12 +950,14 @@ def structuring_done(connection: apsw.Connection, evidence_id: str) -> None:
 
 
 def structuring_failed(connection: apsw.Connection, evidence_id: str, *, error: str,
-                       retry_at: float) -> bool:
+                       retry_at: float, counted: bool = True) -> bool:
     """Count a failed attempt; the task is retried at ``retry_at``, or dropped once it failed
-    ``structuring_attempts_max`` times (then ``False``)."""
+    ``structuring_attempts_max`` times (then ``False``).  ``counted=False``: the failure was
+    the storage's, not the evidence's (an I/O error, a full disk), so it is retried without
+    counting, or an acknowledged write would never become knowledge after a bad minute."""
     connection.execute(
-        "UPDATE knowledge_structuring SET attempts = attempts + 1, available_at = ?, "
-        "last_error = ? WHERE evidence_id = ?", (retry_at, error[:1024], evidence_id))
+        "UPDATE knowledge_structuring SET attempts = attempts + ?, available_at = ?, "
+        "last_error = ? WHERE evidence_id = ?", (1 if counted else 0, retry_at, error[:1024], evidence_id))
     row = connection.execute("SELECT attempts FROM knowledge_structuring WHERE evidence_id = ?",
                              (evidence_id,)).fetchone()
     if row is None:

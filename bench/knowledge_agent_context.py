@@ -3,7 +3,7 @@ target: p99 ≤ 50 ms at 100k), on a realistic corpus and on the adversarial one
 
 Not a test (pytest does not collect it): run it by hand,
 
-    .venv/bin/python tests/actors/knowledge/bench_agent_context.py --n 100000 [--corpus varied|adversarial]
+    .venv/bin/python bench/knowledge_agent_context.py --n 100000 [--corpus varied|adversarial]
 
 Corpora:
 - ``varied``: sentences drawn from a few thousand words (Chinese two-character words and
@@ -39,15 +39,16 @@ from pathlib import Path
 import numpy
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from troupe.actors.knowledge._agent_context import agent_context  # noqa: E402
 from troupe.actors.knowledge._query import KnowledgeIndexes  # noqa: E402
 from troupe.actors.knowledge._schema import knowledge_migrations  # noqa: E402
 from troupe.models import HashedEmbedder  # noqa: E402
 from troupe.retrieval import retrieval_migrations  # noqa: E402
+from troupe.retrieval._filters import FacetBitmaps  # noqa: E402
 from troupe.runtime._real_env import real_env  # noqa: E402
-from troupe.storage import Engine  # noqa: E402
+from troupe.storage import Engine, InlineExecutor  # noqa: E402
 
 main_scope = "user:local"
 base_time = 1_788_393_600.0
@@ -173,6 +174,8 @@ async def run(arguments) -> dict:
         directory = arguments.data or stack.enter_context(tempfile.TemporaryDirectory())
         built = Path(directory, "built").exists()
         env = dataclasses.replace(real_env(directory), embedder=HashedEmbedder())
+        if arguments.inline:  # every job on this thread, so that cProfile sees the SQL too
+            env = dataclasses.replace(env, executor=InlineExecutor())
         async with trio.open_nursery() as nursery:
             engine = await Engine.open(env, nursery=nursery,
                                        migrations=[*knowledge_migrations, *retrieval_migrations()])
@@ -249,8 +252,13 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--inline", action="store_true", help="run storage jobs on the event loop's thread")
+    parser.add_argument("--facet-prefilter", action="store_true",
+                        help="always use the text index's facet pre-filter (the behaviour before it was skipped)")
     parser.add_argument("--data", help="keep the corpus in this directory and reuse it when it is there")
     arguments = parser.parse_args()
+    if arguments.facet_prefilter:
+        FacetBitmaps.admits_most_items = lambda self, candidates: False
     result = trio.run(run, arguments)
     if result:
         print(json.dumps(result))
