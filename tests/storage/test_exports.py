@@ -11,7 +11,7 @@ def test_the_names_other_packages_code_against_are_exported():
         "Engine", "Migration", "StorageError", "StorageCrashed", "StorageClosed", "DiskFull",
         "FaultPlan", "FaultyVFS", "InlineExecutor", "StorageOverloaded", "journal_append",
         "journal_load", "journal_snapshot", "blob_put", "blob_get", "reminder_set",
-        "reminder_delete", "reminders_due", "reminders_for", "reminder_attempt", "state_put",
+        "reminder_delete", "reminders_due", "reminders_for", "reminder_get", "reminder_attempt", "state_put",
         "state_get", "state_delete", "open_engine",
     }
     assert expected <= set(troupe.storage.__all__)

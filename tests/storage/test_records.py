@@ -18,6 +18,7 @@ from troupe.storage import (
     open_engine,
     reminder_attempt,
     reminder_delete,
+    reminder_get,
     reminder_set,
     reminders_due,
     reminders_for,
@@ -154,6 +155,8 @@ async def test_reminder_attempts_upsert_and_delete(inline_env):
         await engine.write(lambda c: reminder_set(c, "w", "h", "retry", 20.0, "q"))
         [reminder] = await engine.read(lambda c: reminders_for(c, "w", "h"))
         assert (reminder.due_wall, reminder.payload, reminder.attempts) == (20.0, "q", 0)
+        assert await engine.read(lambda c: reminder_get(c, "w", "h", "retry")) == reminder
+        assert await engine.read(lambda c: reminder_get(c, "w", "h", "other")) is None
         assert await engine.write(lambda c: reminder_delete(c, "w", "h", "retry")) is True
         assert await engine.write(lambda c: reminder_attempt(c, "w", "h", "retry")) == 0
         assert await engine.read(lambda c: reminders_for(c, "w", "h")) == []

@@ -188,7 +188,7 @@ class ReminderService:
         self._loaded_until = until
 
     async def _deliver(self, limiter: trio.CapacityLimiter, kind: str, key: str, name: str, due_wall: float) -> None:
-        from troupe.storage import reminders_for
+        from troupe.storage import reminder_get
 
         system = self._system
         address = (kind, key, name)
@@ -198,17 +198,16 @@ class ReminderService:
             if system.env.fault_points is not no_fault_points and system._fault("reminder_late", kind, key):
                 await trio.sleep(system.env.fault_points.delay_seconds("reminder_late"))
             async with limiter:
-                rows = await system.storage.read(lambda connection: reminders_for(connection, kind, key))
-                matching = [row for row in rows if row.name == name and row.due_wall == due_wall]
-                if not matching:
+                row = await system.storage.read(lambda connection: reminder_get(connection, kind, key, name))
+                if row is None or row.due_wall != due_wall:
                     return  # cancelled or replaced in storage
-                revision = matching[0].revision
+                revision = row.revision
                 system.tracer.record("reminder_fire", kind, key, name=name)
                 self.fired += 1
                 # PLANTED BUG (simulator tests only): delete the row before the actor handled it.
                 if "reminder_lost_on_crash" in system.env.planted_bugs:
                     await self._delete_if_still_due(kind, key, name, due_wall, revision)
-                await system.ref(kind, key).ask(ReminderFired(name, due_wall, matching[0].payload, revision))
+                await system.ref(kind, key).ask(ReminderFired(name, due_wall, row.payload, revision))
         except PoisonMessage:
             self.poisoned += 1
             system.tracer.record("reminder_poison", kind, key, name=name)

@@ -93,6 +93,15 @@ def reminders_for(connection: apsw.Connection, kind: str, key: str) -> list[Remi
     return [_reminder(row) for row in rows]
 
 
+def reminder_get(connection: apsw.Connection, kind: str, key: str, name: str) -> Reminder | None:
+    """One reminder by its primary key (firing one must not read all of its actor's: an actor
+    with thousands pending, like the host's goals, made each firing cost their number)."""
+    row = connection.execute(
+        f"SELECT {_columns} FROM reminders WHERE kind = ? AND key = ? AND name = ?", (kind, key, name)
+    ).fetchone()
+    return None if row is None else _reminder(row)
+
+
 def reminder_attempt(connection: apsw.Connection, kind: str, key: str, name: str) -> int:
     """Count one delivery attempt; return the new count (0 if the reminder does not exist)."""
     row = connection.execute(
