@@ -55,6 +55,7 @@ from troupe.auth import TokenNameTaken, TokenScope, new_token_secret, token_crea
 from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._host_goals_workload import HostGoalsWorkload
 from ._trace_queries import OverrunningTurns, PoisonedReminders
 from ._violation import Violation
 from ._workload import World, register_workload
@@ -71,6 +72,8 @@ batch_messages_max = 6
 unresolved_batches_max = 16
 """Unknown-outcome batches kept for a later retry (older ones stay checked, just not retried)."""
 recalls_kept_max = 32
+goals_step_share = 0.35
+"""Steps handed to the goals, notifications and events part (``_host_goals_workload``)."""
 
 host_entry_names: dict[str, str] = {
     "astrbot:group-a": "甲群",
@@ -191,6 +194,12 @@ class HostWorkload:
         self.counter = 0
         self.responses = 0
         self._pending: list[Violation] = []
+        self.goals = HostGoalsWorkload(label="host")
+        """Goals, reminders, notifications and the events stream: a share of the steps and
+        the same checkpoints (so ``--workload host`` covers them)."""
+
+    def services(self, world: World) -> list[Any]:
+        return self.goals.services(world)
 
     def actor_kinds(self, world: World) -> list[Any]:
         return []  # the host surface's kinds come with the server (``SimServer``)
@@ -288,6 +297,9 @@ class HostWorkload:
         if driver is None or world.engine is None:
             return
         if not await self._ensure_tokens(world):
+            return
+        if world.random.random() < goals_step_share:
+            await self.goals.client_step(world, client)
             return
         roll = world.random.random()
         for share, operation in _operations:
@@ -603,12 +615,12 @@ class HostWorkload:
     async def after_restart(self, world: World) -> list[Violation]:
         if world.engine is not None:
             await self._check_storage(world, quiescent=False)
-        return self._take_pending()
+        return [*self._take_pending(), *await self.goals.after_restart(world)]
 
     async def at_quiescence(self, world: World) -> list[Violation]:
         if world.engine is not None:
             await self._check_storage(world, quiescent=True)
-        return self._take_pending()
+        return [*self._take_pending(), *await self.goals.at_quiescence(world)]
 
     def _take_pending(self) -> list[Violation]:
         pending, self._pending = self._pending, []
@@ -793,15 +805,17 @@ def _has_fixed_members(error: dict[str, Any]) -> bool:
     return error_keys <= members and members - error_keys <= optional_error_members
 
 
-def envelope_problem(response: AsgiResponse, document: Any) -> str | None:
-    """Why an error response is not the host contract's unified body (None when it is)."""
+def envelope_problem(response: AsgiResponse, document: Any,
+                     codes: dict[int, frozenset[str]] | None = None) -> str | None:
+    """Why an error response is not the host contract's unified body (None when it is);
+    ``codes`` are the documented codes by status (default: this workload's routes)."""
     if not (response.header("content-type") or "").startswith("application/json"):
         return f"content-type {response.header('content-type')!r} is not JSON"
     error = document.get("error") if isinstance(document, dict) else None
     if not isinstance(error, dict) or set(document) != {"error"} or not _has_fixed_members(error):
         return f"not the unified error body: {response.body[:200]!r}"
-    codes = documented_codes.get(response.status)
-    if codes is None or error["code"] not in codes:
+    allowed = (documented_codes if codes is None else codes).get(response.status)
+    if allowed is None or error["code"] not in allowed:
         return f"undocumented code {error['code']!r} for status {response.status}"
     fields = error["fields"]
     if not isinstance(fields, list) or not all(isinstance(item, dict) and set(item) == {"field", "message"}
