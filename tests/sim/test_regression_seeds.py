@@ -69,3 +69,15 @@ def test_character_seed_7_no_longer_spins_after_a_backward_clock_jump():
     result = run_simulation(SimulationConfig(seed=7, steps=200, workloads=("character",)))
     assert result.violations == []
     assert result.event_counts["reminder_fire"] < 100
+
+
+@pytest.mark.parametrize("seed", [11, 65, 94])
+def test_knowledge_seed_that_once_failed_passes(seed):
+    # Knowledge workload (200 steps): 11: after a backward wall-clock jump the structuring
+    # reminder fired by the reminder service's clock (which never goes back), nothing was due
+    # by the scope actor's, and the reminder was set again and fired at once, for ever; 65: an
+    # injected read error in the gate's schema check escaped as a bare 500; 94: five injected
+    # storage errors in a row dropped an acknowledged write's structuring for good.
+    result = run_simulation(SimulationConfig(seed=seed, steps=200, workloads=("knowledge",)))
+    assert result.violations == []
+    assert result.event_counts["reminder_fire"] < 500

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from troupe.http import ASGIApp, BodyLimit, HostCheck, send_lingering
+from troupe.storage import StorageError
 
 from ._errors import (
     KnowledgeError,
@@ -38,6 +39,7 @@ from ._errors import (
     code_schema_not_ready,
     envelope_for,
     error_body,
+    overloaded,
     request_id_key,
     valid_request_id,
 )
@@ -108,17 +110,31 @@ class KnowledgeGate:
                                   headers={"Allow": ", ".join(route.allowed_methods)}), None
         if route.operation.path == events_path:
             return KnowledgeError(code_invalid_request, "connect to /events with a WebSocket upgrade"), None
-        if route.operation.name not in handshake_operations and not await self.schema_ready():
+        if route.operation.name in handshake_operations:
+            return None, route
+        try:
+            ready = await self.schema_ready()
+        except StorageError:
+            # The routes answer a storage error 503 with Retry-After; so does the gate.
+            return overloaded("storage is unavailable; retry shortly"), None
+        if not ready:
             return KnowledgeError(code_schema_not_ready, "the database schema is not migrated to this version",
                                   headers={"Retry-After": "5"}), None
         return None, route
 
     async def _websocket(self, scope: Any, receive: Any, send: Any) -> None:
         if (not self.host_check.allows(_header(scope, b"host")) or scope["path"] != events_path
-                or not await self.schema_ready()):
+                or not await self._schema_ready()):
             await send({"type": "websocket.close", "code": websocket_policy_violation})
             return
         await self.app(scope, receive, send)
+
+    async def _schema_ready(self) -> bool:
+        """Whether the schema is migrated; a storage error reading it refuses the handshake."""
+        try:
+            return await self.schema_ready()
+        except StorageError:
+            return False
 
 
 def _with_request_id(send: Any, request_id: str) -> Any:
