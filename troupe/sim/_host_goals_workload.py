@@ -1052,6 +1052,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
 )
 assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
 
-register_workload("host_goals", HostGoalsWorkload)
+# Not in the default selection: the ``host`` workload runs this part already.
+register_workload("host_goals", HostGoalsWorkload, in_default=False)
 
 __all__ = ["HostGoalsWorkload", "JudgingModel", "documented_codes", "goal_token_scopes"]

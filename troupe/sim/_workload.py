@@ -53,12 +53,17 @@ class Workload(Protocol):
 
 
 _registry: dict[str, Callable[[], Workload]] = {}
+_not_in_default: set[str] = set()
 
 
-def register_workload(name: str, factory: Callable[[], Workload]) -> None:
-    """Make a workload available to ``troupe sim run --workload NAME``."""
+def register_workload(name: str, factory: Callable[[], Workload], *, in_default: bool = True) -> None:
+    """Make a workload available to ``troupe sim run --workload NAME``.  ``in_default=False``:
+    only when named (a part that another default workload already runs, such as the host's
+    goals: two copies on one server would each see the other's goals as foreign)."""
     assert name not in _registry, f"workload {name!r} is registered twice"
     _registry[name] = factory
+    if not in_default:
+        _not_in_default.add(name)
 
 
 def workload_names() -> list[str]:
@@ -68,7 +73,7 @@ def workload_names() -> list[str]:
 
 def make_workloads(names: list[str] | None) -> list[Workload]:
     _load_builtin_workloads()
-    selected = names or sorted(_registry)
+    selected = names or sorted(name for name in _registry if name not in _not_in_default)
     unknown = [name for name in selected if name not in _registry]
     if unknown:
         raise KeyError(f"unknown workload(s): {', '.join(unknown)}; known: {', '.join(sorted(_registry))}")
