@@ -671,6 +671,11 @@ def patch_goal(connection: apsw.Connection, command: PatchGoal, now: float, arme
 def release_goal(connection: apsw.Connection, goal_id: int, now: float, armed: Armed) -> bool:
     """The fallback time of a held goal came: inject it with the pending mark and make its
     reminders (a missed near/due becomes one immediate reminder).  Whether it was released."""
+    # The fallback reminder goes in this same transaction: the runtime deletes a fired reminder
+    # only after the turn, and a crash between the two left a released goal holding it.
+    name = reminder_name(goal_id, fallback_kind)
+    if reminder_delete(connection, goals_kind_name, goals_key, name):
+        armed.deleted.append(name)
     goal = load_goal(connection, goal_id)
     if goal is None or not goal.dedup_pending or goal.dedup_released_at is not None:
         return False
