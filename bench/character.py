@@ -68,6 +68,7 @@ from typing import Any
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _load import RawConnection, start_server  # noqa: E402  (bench/ is first on sys.path)
 
 bench_character_prefix = "bench-"
 fact_character_prefix = "facts-"
@@ -82,43 +83,6 @@ time_query_requests = 100
 
 # ---------------------------------------------------------------------------- load generator
 # Runs in a child process: ``character.py --client SPEC_JSON``; prints one JSON line.
-
-
-class RawConnection:
-    """One keep-alive HTTP/1.1 connection: send pre-built requests, read length-framed replies."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    async def _fill(self) -> None:
-        data = await self.stream.receive_some(65536)
-        if not data:
-            raise ConnectionError("the server closed the connection")
-        self.buffer += data
-
-    async def exchange(self, request: bytes) -> tuple[int, bytes]:
-        await self.stream.send_all(request)
-        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
-            await self._fill()
-        head = bytes(self.buffer[:end]).decode("latin-1")
-        del self.buffer[: end + 4]
-        status_line, *header_lines = head.split("\r\n")
-        status = int(status_line.split(" ", 2)[1])
-        length = None
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-            elif name.strip().lower() == "transfer-encoding":
-                raise ConnectionError("chunked responses are not expected here")
-        if length is None:
-            raise ConnectionError(f"a response without Content-Length: {head!r}")
-        while len(self.buffer) < length:
-            await self._fill()
-        body = bytes(self.buffer[:length])
-        del self.buffer[:length]
-        return status, body
 
 
 def _request(method: str, path: str, port: int, body: bytes | None) -> bytes:
@@ -294,21 +258,6 @@ async def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- the server
-
-
-async def start_server(nursery: trio.Nursery, app: Any) -> int:
-    import hypercorn.trio
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    config.include_server_header = False  # as ``troupe serve``
-    binds = await nursery.start(
-        lambda task_status: hypercorn.trio.serve(app, config, task_status=task_status)
-    )
-    return int(binds[0].rsplit(":", 1)[1])
 
 
 async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: str) -> tuple[Any, Any, Any, int]:

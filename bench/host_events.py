@@ -82,6 +82,7 @@ from typing import Any
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _load import start_server  # noqa: E402  (bench/ is first on sys.path)
 
 events_path = "/api/v1/events"
 bench_entry_prefix = "bench:events-"
@@ -323,21 +324,6 @@ class ClientProcess:
 
 
 # ---------------------------------------------------------------------------- server
-
-
-async def start_server(nursery: trio.Nursery, app: Any) -> int:
-    import hypercorn.trio
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    config.include_server_header = False  # as ``troupe serve``
-    binds = await nursery.start(
-        lambda task_status: hypercorn.trio.serve(app, config, task_status=task_status)
-    )
-    return int(binds[0].rsplit(":", 1)[1])
 
 
 async def start_host(nursery: trio.Nursery, data_dir: str, tokens: int) -> tuple[Any, Any, Any, Any, int, list[str]]:

@@ -72,6 +72,7 @@ from typing import Any
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _load import start_server  # noqa: E402  (bench/ is first on sys.path)
 
 end_user_id = "u_bench"
 replay_events = 1024
@@ -506,22 +507,6 @@ async def reference_server() -> Any:
 
 
 # ---------------------------------------------------------------------------- the sessions app
-
-
-async def start_server(nursery: trio.Nursery, app: Any) -> int:
-    import hypercorn.trio
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    config.include_server_header = False  # as ``troupe serve``
-    config.backlog = 1024
-    binds = await nursery.start(
-        lambda task_status: hypercorn.trio.serve(app, config, task_status=task_status)
-    )
-    return int(binds[0].rsplit(":", 1)[1])
 
 
 async def start_sessions(nursery: trio.Nursery, data_dir: str) -> tuple[Any, Any, int, str]:
