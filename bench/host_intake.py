@@ -49,7 +49,7 @@ from typing import Any
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _load import RawConnection, start_server  # noqa: E402  (bench/ is first on sys.path)
+from _load import PhaseMeter, RawConnection, start_server, time_write_jobs  # noqa: E402  (bench/ is first on sys.path)
 
 bench_entry_prefix = "bench:"
 memory_entry_id = "bench:memories"
@@ -314,60 +314,6 @@ async def wait_for_learning(engine: Any) -> float:
             break
         await trio.sleep(0.5)
     return round(time.perf_counter() - began, 1)
-
-
-class PhaseMeter:
-    """The server process's CPU seconds (every thread) and the engine's commits over a phase:
-    tells a CPU-bound server from one waiting on fsync."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def __enter__(self) -> PhaseMeter:
-        self.times = os.times()
-        self.wall = time.perf_counter()
-        self.statistics = self.engine.statistics()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        times, statistics = os.times(), self.engine.statistics()
-        wall = time.perf_counter() - self.wall
-        cpu = (times.user - self.times.user) + (times.system - self.times.system)
-        commits = statistics.commits - self.statistics.commits
-        jobs = statistics.jobs - self.statistics.jobs
-        self.figures = {
-            "server_cpu_share": round(cpu / wall, 2),
-            "commits_per_second": round(commits / wall, 1),
-            "jobs_per_commit": round(jobs / commits, 1) if commits else None,
-            "commit_ms_mean": round((statistics.commit_seconds_total - self.statistics.commit_seconds_total)
-                                    / commits * 1000, 2) if commits else None,
-        }
-
-
-def time_write_jobs() -> dict[str, list[float]]:
-    """``--job-times``: wrap ``Engine.write`` so each job's run time on the writer thread is
-    summed by the job function's qualified name (diagnostics; printed to stderr)."""
-    from troupe.storage import Engine
-
-    totals: dict[str, list[float]] = {}
-    original = Engine.write
-
-    async def write(self: Any, function: Any) -> Any:
-        name = getattr(function, "__qualname__", repr(function))
-
-        def timed(connection: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return function(connection)
-            finally:
-                entry = totals.setdefault(name, [0, 0.0])
-                entry[0] += 1
-                entry[1] += time.perf_counter() - began
-
-        return await original(self, timed)
-
-    Engine.write = write  # type: ignore[method-assign]
-    return totals
 
 
 async def main(arguments: argparse.Namespace) -> dict[str, Any]:
