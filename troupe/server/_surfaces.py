@@ -67,11 +67,11 @@ def default_surfaces() -> list[Surface]:
     """Every surface this build serves, in listener start order."""
     # Imported here: the surface packages import troupe.server themselves.
     from troupe.http.character import new_character_surface
-    from troupe.http.host import host_surface
+    from troupe.http.host import new_host_surface
     from troupe.http.knowledge import new_knowledge_surface
     from troupe.http.sessions import sessions_surface
 
-    return [admin_surface, host_surface, sessions_surface, new_character_surface(), new_knowledge_surface()]
+    return [admin_surface, new_host_surface(), sessions_surface, new_character_surface(), new_knowledge_surface()]
 
 
 # What the shared ActorSystem and Engine need from every surface, collected in one place so

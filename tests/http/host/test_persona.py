@@ -84,3 +84,25 @@ async def test_cli_sets_the_persona_of_a_running_server(nursery, tmp_path):
     assert code == 0 and lines[0].startswith("version 1\tname 小天\t") and lines[1] == "小天是喜欢观星的高中生。"
     code, _ = await trio.to_thread.run_sync(run_cli, "persona", "set", "--data-dir", data, "--text", " ")
     assert code == 1
+
+
+async def test_cli_time_zone_applies_to_a_running_server_at_once(nursery, tmp_path):
+    data = str(tmp_path / "data")
+    host = await start_host_server(nursery, data)
+    secret = await host.token("astrbot")
+    code, lines = await trio.to_thread.run_sync(run_cli, "persona", "time-zone", "--data-dir", data)
+    assert (code, lines) == (0, ["character time zone UTC"])
+    code, lines = await trio.to_thread.run_sync(run_cli, "persona", "time-zone", "--data-dir", data, "Asia/Shanghai")
+    assert (code, lines) == (0, ["character time zone Asia/Shanghai"])
+    async with host.client(secret) as client:
+        response = await client.post("/api/v1/goals", json={"content": "交报告", "deadline": "2030-05-01"})
+        assert response.status_code == 201, response.text
+        goal = response.json()["goal"]
+    # A date means the end of that day in the character's time zone.
+    assert goal["deadline_is_date"] is True
+    assert goal["deadline_at"] == "2030-05-01T23:59:59+08:00"
+    # An unknown zone is refused and changes nothing.
+    code, _ = await trio.to_thread.run_sync(run_cli, "persona", "time-zone", "--data-dir", data, "Mars/Olympus")
+    assert code == 1
+    code, lines = await trio.to_thread.run_sync(run_cli, "persona", "time-zone", "--data-dir", data)
+    assert lines == ["character time zone Asia/Shanghai"]

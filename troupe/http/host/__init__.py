@@ -1,14 +1,15 @@
 """troupe.http.host: the host surface (Iris host API v1, contract ``000``).
 
-- ``host_surface``: the ``troupe serve`` plug-in (listener ``host``, default 127.0.0.1:8080,
-  its actor kinds and migrations);
+- ``host_surface`` / ``new_host_surface``: the ``troupe serve`` plug-in (listener ``host``,
+  default 127.0.0.1:8080, its actor kinds and migrations; goal dedup knobs from the
+  environment);
 - ``create_host_app`` / ``HostAppDependencies``: the app itself, for tests and the simulator;
 - ``HostGate`` / ``NoStore``: the ASGI checks in the contract's order (readiness, token, rate,
   entry id, scope, per-route body limit) and ``Cache-Control: no-store``;
 - the unified error body (``HostError``, ``error_document``, ``host_error_envelope``) and the
   route table (body limits per route, ``entry_segment``);
 - request models (``MessageIn``, ``parse_message_batch``) and the OpenAPI document;
-- ``add_persona_commands`` / ``run_persona_command``: ``troupe persona set|show``;
+- ``add_persona_commands`` / ``run_persona_command``: ``troupe persona set|show|time-zone``;
 - ``EventsHub`` / ``EventSettings`` (``app.state.events``: slots, event ids, replay cursors,
   ``shutdown()``) and ``EventsRoute``: ``GET /api/v1/events`` (SSE) and ``/events/status``;
   ``GET /api/v1/notifications`` (``_routes_notifications``).
@@ -68,8 +69,13 @@ from ._schemas import CustomPace, MessageIn, parse_message_batch
 from ._surface import (
     allowed_hosts_variable,
     contract_allowed_hosts,
+    goal_fallback_seconds_max,
+    goal_fallback_seconds_variable,
+    goal_judgement_variable,
+    goal_settings_from_environment,
     host_listen_default,
     host_surface,
+    new_host_surface,
 )
 
 __all__ = [
@@ -125,9 +131,14 @@ __all__ = [
     "entry_segment",
     "error_document",
     "goal_body_bytes_max",
+    "goal_fallback_seconds_max",
+    "goal_fallback_seconds_variable",
+    "goal_judgement_variable",
+    "goal_settings_from_environment",
     "host_error_envelope",
     "host_listen_default",
     "host_surface",
+    "new_host_surface",
     "media_body_bytes_max",
     "messages_body_bytes_max",
     "openapi_document",

@@ -1,4 +1,5 @@
-"""``troupe persona set|show``: the character's persona from the command line.
+"""``troupe persona set|show|time-zone``: the character's persona and time zone from the
+command line.
 
 Why a command and not a host route: the persona is who the character is; host tokens may read
 it (prepare's ``persona`` section) but only an operator with the data directory may change it.
@@ -7,8 +8,12 @@ storage engine, so they work while the server runs (WAL), and the next prepare s
 version.
 
 ``set`` writes a new version only when the text or name differs from the current one (setting
-the same persona twice prints the same version).  Exit codes: 0 done, 1 refused (blank or too
-long text, unreadable file, storage error), 2 configuration error.
+the same persona twice prints the same version).  ``time-zone NAME`` sets the character's IANA
+time zone (goal deadlines given as dates end that day there, and every goal and notification
+time is shown in it); ``time-zone`` alone prints it.  The zone is read from storage on every
+goal or notification request, so a running server uses the new zone at once.  Exit codes:
+0 done, 1 refused (blank or too long text, unreadable file, unknown time zone, storage
+error), 2 configuration error.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ from troupe._cli_storage import (
     run_storage_command,
     utc_timestamp_text,
 )
-from troupe.actors.host import PersonaRefused, current_persona, persona_history, set_persona
+from troupe.actors.host import (
+    PersonaRefused,
+    character_time_zone_name,
+    current_persona,
+    persona_history,
+    set_character_time_zone,
+    set_persona,
+)
 
 operator_source = "operator"
 """The source recorded on versions set from the command line."""
@@ -44,6 +56,10 @@ def add_persona_commands(subparsers: Any) -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="print the current persona (or every version with --history)")
     add_data_dir_arguments(show)
     show.add_argument("--history", action="store_true", help="every version, oldest first")
+
+    zone = commands.add_parser("time-zone", help="set (or with no name, print) the character's IANA time zone")
+    add_data_dir_arguments(zone)
+    zone.add_argument("name", nargs="?", default=None, help="an IANA name such as Asia/Shanghai")
     return persona
 
 
@@ -69,6 +85,19 @@ async def _show(env: Any, engine: Any, history: bool) -> list[str]:
                      f"updated {utc_timestamp_text(persona.updated_at)}\tsource {persona.source}")
         lines.append(persona.text)
     return lines
+
+
+async def _time_zone(env: Any, engine: Any, name: str | None) -> list[str]:
+    del env
+    if name is not None:
+        def write(connection: Any) -> None:
+            try:
+                set_character_time_zone(connection, name)
+            except ValueError as exc:
+                raise PersonaRefused(str(exc)) from exc
+
+        await engine.write(write)
+    return [f"character time zone {await engine.read(character_time_zone_name)}"]
 
 
 def _read_text(arguments: Any) -> str:
@@ -101,6 +130,8 @@ def _persona_job(arguments: Any) -> StorageJob:
         return lambda env, engine: _set(env, engine, text, arguments.name)
     if arguments.persona_command == "show":
         return lambda env, engine: _show(env, engine, arguments.history)
+    if arguments.persona_command == "time-zone":
+        return lambda env, engine: _time_zone(env, engine, arguments.name)
     raise AssertionError(f"unknown persona command {arguments.persona_command!r}")
 
 
