@@ -174,6 +174,7 @@ def create_sessions_app(dependencies: SessionsAppDependencies) -> QuartTrio:
         rate_buckets=rate_buckets,
     )
     app.asgi_app = SendGuard(gate)  # type: ignore[method-assign]
+    __import__("troupe.http.sessions.api", fromlist=["install_api"]).install_api(app, dependencies)
     return app
 
 
