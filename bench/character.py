@@ -294,6 +294,9 @@ async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: s
     await nursery.start(system.run)
     context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
     port = await start_server(nursery, character.create_app(context))
+    from troupe.server._process import freeze_startup_heap
+
+    freeze_startup_heap()  # as the ``troupe serve`` process does once it is ready
     return env, engine, system, port
 
 

@@ -27,7 +27,7 @@ Targets (issue 7): single-message intake >= 50% of hello world; batched >= 20,00
 prepare p99 <= 50 ms at 100k memories.
 
 Usage: python bench/host_intake.py [--connections 32] [--seconds 10] [--memories 100000]
-       [--prepare-requests 400] [--phase all|prepare]
+       [--prepare-requests 400] [--phase all|prepare] [--rounds N] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -241,12 +241,15 @@ async def start_host(nursery: trio.Nursery, data_dir: str) -> tuple[Any, Any, An
     secret = new_token_secret(env.random)
     now = env.clock.wall()
     await engine.write(lambda connection: token_create(
-        connection, name="bench", scope=TokenScope.all(), secret=secret, created_at=now))
+        connection, name=f"bench-{os.getpid()}", scope=TokenScope.all(), secret=secret, created_at=now))
     dependencies = HostAppDependencies(
         env=env, engine=engine, system=system, readiness=lambda: system.running,
         rate_per_second=rate_per_second_bench, rate_burst=rate_burst_bench,
     )
     port = await start_server(nursery, create_host_app(dependencies))
+    from troupe.server._process import freeze_startup_heap
+
+    freeze_startup_heap()  # as the ``troupe serve`` process does once it is ready
     return env, engine, system, port, secret
 
 
@@ -300,6 +303,12 @@ def profiled(arguments: argparse.Namespace, phase: str) -> Iterator[None]:
 learning_wait_seconds_max = 120.0
 
 
+async def stored_memories(engine: Any) -> int:
+    """Memories already in the bench entry (``--data-dir`` reused from an earlier run)."""
+    return await engine.read(lambda connection: connection.execute(
+        "SELECT count(*) FROM host_memories WHERE entry_id = ?", (memory_entry_id,)).fetchone()[0])
+
+
 async def wait_for_learning(engine: Any) -> float:
     """Prepare is timed in steady state: wait (bounded) until the intake phases' learning
     batches are done, since the learner competes for the same cores."""
@@ -325,7 +334,8 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
     }
     run_id = f"r{os.getpid()}"
     job_times = time_write_jobs() if arguments.job_times else None
-    with tempfile.TemporaryDirectory(prefix="troupe-bench-host-") as directory:
+    with contextlib.ExitStack() as stack:
+        directory = arguments.data_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="troupe-bench-host-"))
         async with trio.open_nursery() as nursery:
             hello_port = await start_server(nursery, hello_app())
             env, engine, system, host_port, secret = await start_host(nursery, directory)
@@ -354,18 +364,28 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 figures["batch_p50_ms"], figures["batch_p99_ms"] = batch["p50_ms"], batch["p99_ms"]
 
             if arguments.memories > 0:
-                figures.update(await load_memories(env, engine, arguments.memories))
+                stored = await stored_memories(engine)
+                if stored < arguments.memories:
+                    figures.update(await load_memories(env, engine, arguments.memories - stored))
+                else:
+                    figures["memories"] = stored  # a --data-dir loaded by an earlier run
                 figures["learning_backlog_wait_seconds"] = await wait_for_learning(engine)
                 prepare_spec = {**common, "mode": "prepare", "port": host_port, "seconds": None,
                                 "connections": arguments.prepare_connections,
                                 "requests": arguments.prepare_requests}
                 await run_client({**prepare_spec, "requests": 20})  # warm caches
-                with profiled(arguments, "prepare"), PhaseMeter(engine) as meter:
-                    prepare = await run_client(prepare_spec)
+                rounds = []
+                for _ in range(arguments.rounds):
+                    with profiled(arguments, "prepare"), PhaseMeter(engine) as meter:
+                        prepare = await run_client(prepare_spec)
+                    rounds.append({**meter.figures, "p50_ms": prepare["p50_ms"], "p99_ms": prepare["p99_ms"]})
                 figures["prepare_server"] = meter.figures
                 figures["prepare_requests"] = prepare["requests"]
                 figures["prepare_connections"] = arguments.prepare_connections
                 figures["prepare_p50_ms"], figures["prepare_p99_ms"] = prepare["p50_ms"], prepare["p99_ms"]
+                if arguments.rounds > 1:
+                    figures["prepare_rounds"] = rounds
+                    figures["prepare_p99_ms"] = max(round_["p99_ms"] for round_ in rounds)
 
             targets = {"prepare_p99_at_most_50_ms": (figures.get("prepare_p99_ms") or 1e9) <= 50}
             if arguments.phase == "all":
@@ -394,6 +414,11 @@ if __name__ == "__main__":
     parser.add_argument("--memories", type=int, default=100_000)
     parser.add_argument("--prepare-requests", type=int, default=400)
     parser.add_argument("--prepare-connections", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time prepare this many times in a row (each round reported; p99 is the worst)")
+    parser.add_argument("--data-dir", default=None,
+                        help="keep the data here (default: a temporary directory); memories already "
+                             "stored there are not loaded again, so repeated runs skip the load")
     parser.add_argument("--phase", choices=["all", "prepare"], default="all",
                         help="prepare: only load the memories and time prepare (no hello/intake phases)")
     parser.add_argument("--profile", choices=["single", "batch", "prepare"], default=None,

@@ -44,6 +44,7 @@ from troupe.storage import Engine, StorageError
 
 from ._exceptions import ServeError, UnknownSurface
 from ._listeners import BoundListener, bind_listener, resolve_listener
+from ._process import freeze_startup_heap
 from ._surfaces import (
     Surface,
     SurfaceContext,
@@ -296,6 +297,15 @@ def _leaves(error: BaseException) -> list[BaseException]:
     return [error]
 
 
+async def _serve_process(options: ServeOptions) -> None:
+    """``serve`` as the ``troupe serve`` process runs it: once ready, the start-up heap is
+    frozen out of the garbage collector's walks (``_process``; not done inside ``serve``,
+    which tests run many times in one process)."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve, options))
+        freeze_startup_heap()
+
+
 def serve_main(arguments: Any) -> int:
     """Run ``troupe serve`` with parsed ``arguments`` (``data_dir``, ``config``, ``listen``,
     ``trace``); returns the process exit code (0 after a graceful shutdown)."""
@@ -305,7 +315,7 @@ def serve_main(arguments: Any) -> int:
         _note(str(exc))
         return exit_code_config
     try:
-        trio.run(serve, options)
+        trio.run(_serve_process, options)
     except (ServeError, StorageError, OSError, BaseExceptionGroup) as exc:
         # Failures of the outside world (ports, disk, files) get one line each on stderr;
         # anything else is our bug and keeps its traceback.

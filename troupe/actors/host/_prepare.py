@@ -277,11 +277,13 @@ async def prepare_entry(
 ) -> dict[str, Any]:
     """The prepare answer for ``entry_id`` (already scope-checked), recall recorded first.
 
-    Three storage jobs besides the index's own read: the entry's context (and the person
-    highlights it implies), then the chosen memories with their sources, the pending hint,
-    the state and the persona, then the write, which holds only the recall record (plus a bounded sweep of
-    expired ones): the write goes through the single writer and its group commit, so nothing
-    that can be read elsewhere rides on it."""
+    With ``text`` given, two storage jobs besides the index's own read: after the recall, one
+    read of the entry's context (and the person highlights it implies), the chosen memories
+    with their sources, the pending hint, the state, the persona and the goals; then the
+    write, which holds only the recall record (plus a bounded sweep of expired ones): the
+    write goes through the single writer and its group commit, so nothing that can be read
+    elsewhere rides on it.  With ``text`` omitted the context is read first (the query is
+    built from it), so that case has one read more."""
     database = TokenizedDatabase(engine)
     wanted = query.memory_limit + len(query.known_memory_ids)
 
@@ -293,17 +295,7 @@ async def prepare_entry(
         highlights_max = wanted + min(wanted, recall_fetch_limit)
         return context, _person_memory_ids(connection, people, wanted, highlights_max)
 
-    context, highlights = await database.read(read_context)
-    text = auto_query_text(context.latest) if query.text is None else query.text.strip()
-    hints: list[dict[str, Any]] = []
-    candidates: list[int] = []
-    if text and query.memory_limit > 0:
-        recall_filter = RecallFilter(memory_tenant, viewer=entry_id)
-        candidates, degraded = await recall_memory_ids(index, text, recall_filter, wanted)
-        if degraded:
-            hints.append(dict(recall_degraded_hint))
-
-    def read_shown(connection: apsw.Connection) -> _Shown:
+    def read_shown(connection: apsw.Connection, candidates: list[int], highlights: list[int]) -> _Shown:
         ordered = _ordered_memories(connection, candidates, highlights, query)
         return _Shown(
             ordered,
@@ -315,7 +307,34 @@ async def prepare_entry(
                            limit=query.goal_limit, whole_scope=False),
         )
 
-    shown = await database.read(read_shown)
+    hints: list[dict[str, Any]] = []
+
+    async def recall(text: str) -> list[int]:
+        if not text or query.memory_limit == 0:
+            return []
+        recall_filter = RecallFilter(memory_tenant, viewer=entry_id)
+        candidates, degraded = await recall_memory_ids(index, text, recall_filter, wanted)
+        if degraded:
+            hints.append(dict(recall_degraded_hint))
+        return candidates
+
+    if query.text is None:
+        # The query comes from the entry's latest messages: read them first.
+        context, highlights = await database.read(read_context)
+        text = auto_query_text(context.latest)
+        candidates = await recall(text)
+        shown = await database.read(lambda connection: read_shown(connection, candidates, highlights))
+    else:
+        # The query is given: recall first, then everything else in one read (one thread hop
+        # and one snapshot fewer; under load each hop waits for a worker and the interpreter).
+        text = query.text.strip()
+        candidates = await recall(text)
+
+        def read_all(connection: apsw.Connection) -> tuple[_Context, _Shown]:
+            context, highlights = read_context(connection)
+            return context, read_shown(connection, candidates, highlights)
+
+        context, shown = await database.read(read_all)
     ordered = shown.ordered
     if query.judge:
         context_text = auto_query_text(context.latest) or text
