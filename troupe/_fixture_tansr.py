@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -49,8 +50,18 @@ fixture_question_grace_seconds = 0.25
 
 assert 0 < fixture_question_grace_seconds < fixture_question_ttl_seconds
 control_line_characters_max = 65_536
+image_placeholder = re.compile(r"\[image [^\]]*\]")
 transcript_text = "rust synthetic transcript"
 synthetic_wav = b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00@\x1f\x00\x00\x01\x00\x08\x00data\x00\x00\x00\x00"
+
+fixture_model_aliases = ("default", "local", "fake-main")
+"""The model aliases a create may name here: the harness's configuration flow creates with
+``fake-main``."""
+fixture_modes = ("session", "session-media-disabled")
+"""The harness modes this fixture serves; the others (``execution``, ``archive-offload*``) need
+host extensions the sessions contract does not have, so they are refused at start."""
+media_disabled_mode = "session-media-disabled"
+image_refusal_message = "this deployment's model does not take images (media disabled)"
 
 fixture_question = {"questions": [{"id": "q1", "question": "Which one?", "options": [
     {"id": "opt-a", "label": "A"}, {"id": "opt-b", "label": "B"}]}]}
@@ -59,10 +70,11 @@ fixture_question = {"questions": [{"id": "q1", "question": "Which one?", "option
 class FixtureModel:
     """The deterministic fixture model: the embedded agent model plus the harness's markers."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, images: bool = True) -> None:
         from troupe.models import LocalAgentModel
 
         self._agent = LocalAgentModel()
+        self.images = images
         self.name = "fixture"
         self.capabilities = self._agent.capabilities
         self._release = trio.Event()
@@ -93,13 +105,25 @@ class FixtureModel:
         return replace(request, messages=tuple(messages)) if isinstance(request, CompletionRequest) else request, \
             block_marker in text and first_step
 
+    def _refuse_images(self, request: Any) -> None:
+        """Media disabled: a text-only provider refuses a turn whose new input carries an image
+        (the kernel gives the model an image as ``[image MIME]``), so that turn fails, as it
+        would; later text turns go on."""
+        from troupe.models import ModelRefused
+
+        users = [message for message in request.messages if message.role == "user"]
+        if not self.images and users and image_placeholder.search(users[-1].content or ""):
+            raise ModelRefused(image_refusal_message)
+
     async def complete(self, request: Any) -> Any:
+        self._refuse_images(request)
         scripted, _ = self._scripted(request)
         return await self._agent.complete(scripted)
 
     async def stream(self, request: Any) -> AsyncIterator[Any]:
         from troupe.models import CompletionChunk
 
+        self._refuse_images(request)
         scripted, block = self._scripted(request)
         if block:
             yield CompletionChunk(text_delta=f"{answer_marker} (blocked) ")
@@ -149,15 +173,21 @@ async def run_fixture(data_dir: str, mode: str) -> int:
     from troupe.runtime import ActorSystem, real_env
     from troupe.storage import Engine
 
+    if mode not in fixture_modes:
+        print(f"troupe fixture tansr: mode {mode!r} is not served (modes: {', '.join(fixture_modes)})",
+              file=sys.stderr)
+        return 2
+    media = mode != media_disabled_mode
     env = real_env(data_dir)
-    model = FixtureModel()
+    model = FixtureModel(images=media)
     env.model = model
     migrations = list(dict.fromkeys([*auth_migrations, *sessions_migrations, *webhook_migrations]))
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         engine = await Engine.open(env, nursery=nursery, migrations=migrations)
         settings = SessionSettings(question_ttl_seconds=fixture_question_ttl_seconds,
-                                   question_grace_seconds=fixture_question_grace_seconds)
+                                   question_grace_seconds=fixture_question_grace_seconds,
+                                   known_model_aliases=fixture_model_aliases)
         system = ActorSystem(env, [session_actor_kind(settings), end_user_actor_kind()], storage=engine)
         await nursery.start(system.run)
         secrets = {}
@@ -171,7 +201,8 @@ async def run_fixture(data_dir: str, mode: str) -> int:
             secrets[end_user] = secret
         shutdown = ShutdownSignal()
         dependencies = SessionsAppDependencies(env=env, engine=engine, system=system, shutdown=shutdown,
-                                               readiness=lambda: not shutdown.is_set(), voice=SyntheticVoice())
+                                               readiness=lambda: not shutdown.is_set(),
+                                               voice=SyntheticVoice() if media else None)
         app = create_sessions_app(dependencies)
         facade = app.asgi_app
         config = Config()

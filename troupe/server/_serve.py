@@ -222,7 +222,8 @@ async def _run(
             state.system = system
             system_scope = trio.CancelScope()
             await nursery.start(_run_system, system, system_scope)
-            context = SurfaceContext(options, env, state.engine, system, shutdown, state, handle.request_shutdown)
+            context = SurfaceContext(options, env, state.engine, system, shutdown, state, handle.request_shutdown,
+                                     handle.urls)
             with graceful:
                 await _serve_http(options, bound, context, state, shutdown, handle, print_line, task_status)
                 with trio.move_on_after(options.drain_seconds_max) as drain_scope:

@@ -12,8 +12,8 @@ configuration), so the storage schema never depends on which listeners are switc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from troupe._config import ListenAddress, ServeOptions
@@ -35,6 +35,9 @@ class SurfaceContext:
     request_shutdown: Callable[[], None] | None = None
     """Asks the whole server to shut down gracefully (a surface's own shutdown route); None
     where nothing can be stopped that way (tests, the simulator)."""
+    listen_urls: Mapping[str, str] = field(default_factory=dict)
+    """Each bound listener's URL by surface name (real ports, also for ``:0``); empty where
+    there are no listeners (tests that build an app themselves, the simulator)."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,21 @@ def _create_admin(context: SurfaceContext) -> ASGIApp:
 admin_surface = Surface("admin", admin_listen_default, _create_admin)
 
 
-def default_surfaces() -> list[Surface]:
-    """Every surface this build serves, in listener start order."""
+def default_surfaces(environ: Mapping[str, str] | None = None) -> list[Surface]:
+    """Every surface this build serves, in listener start order, configured from ``environ``.
+
+    ``None`` (``troupe serve``) is the process environment and turns on what a desktop
+    process may do on its own (the knowledge surface's mDNS discovery and D-Bus service); an
+    explicit mapping (the simulator passes ``{}``) configures only from that mapping and keeps
+    those off, so nothing outside the ``Env`` opens a socket and a seed replays the same."""
     # Imported here: the surface packages import troupe.server themselves.
     from troupe.http.character import new_character_surface
     from troupe.http.host import new_host_surface
     from troupe.http.knowledge import new_knowledge_surface
     from troupe.http.sessions import sessions_surface
 
-    return [admin_surface, new_host_surface(), sessions_surface, new_character_surface(), new_knowledge_surface()]
+    return [admin_surface, new_host_surface(environ), sessions_surface, new_character_surface(environ),
+            new_knowledge_surface(environ)]
 
 
 # What the shared ActorSystem and Engine need from every surface, collected in one place so

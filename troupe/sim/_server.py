@@ -54,7 +54,9 @@ class SimServer:
     """The surfaces of ``troupe serve`` for one simulated run (see the module docstring)."""
 
     def __init__(self, surfaces: Sequence[Surface] | None = None, *, options: ServeOptions | None = None) -> None:
-        self.surfaces = list(default_surfaces() if surfaces is None else surfaces)
+        # An explicit empty environment: the process's variables never reach a simulated run
+        # (and the knowledge surface's discovery and D-Bus stay off; see default_surfaces).
+        self.surfaces = list(default_surfaces({}) if surfaces is None else surfaces)
         self.options = options or ServeOptions()
         self.state: ServerState | None = None
         self.shutdown: ShutdownSignal | None = None

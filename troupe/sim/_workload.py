@@ -90,5 +90,6 @@ def _load_builtin_workloads() -> None:
         _host_workload,
         _knowledge_workload,
         _registers,
+        _sessions_api_workload,
         _sessions_workload,
     )

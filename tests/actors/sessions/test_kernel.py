@@ -292,6 +292,19 @@ async def test_outer_cancellation_propagates_without_events(env, autojump_clock)
     assert ports.types() == ["turn.started"]
 
 
+async def test_outer_cancellation_leaves_cut_off_for_a_passivation(env, autojump_clock):
+    # A passivation cancels the task first; the actor's drain then ends the turn as aborted.
+    ports = RecordingPorts(env)
+    handle = TurnHandle()
+    with trio.move_on_after(5):
+        await run_turn(request("/slow 30\n/say done"), ports, handle)
+    assert ports.types() == ["turn.started"] and handle.cut_off is not None
+    outcome = handle.cut_off("server_draining")
+    assert (outcome.status, outcome.reason) == ("aborted", "server_draining")
+    assert [message["role"] for message in outcome.messages] == ["user"]
+    assert ports.types() == ["turn.started", "turn.aborted"]
+
+
 async def test_model_failure_is_a_terminal_turn_error(env):
     ports = RecordingPorts(env)
     outcome = await run_turn(request("/fail broken on purpose"), ports)

@@ -202,9 +202,10 @@ async def test_create_input_events_commit_passivate_resume_and_gap(engine, setti
         assert isinstance(dormant, SessionRefused) and dormant.code == "session_not_found"
 
         resumed = await ref.ask(OpenSession(end_user_id=user, mode="resume"))
-        assert resumed == SessionOpened(session_id, resumed=True, last_seq=4, created=True)
+        # The resumed epoch opens with session.resumed at seq 5, the 201's lastSeq.
+        assert resumed == SessionOpened(session_id, resumed=True, last_seq=5, created=True)
         attached = await ref.ask(OpenSession(end_user_id=user, mode="resume"))
-        assert attached.created is False and attached.last_seq == 4
+        assert attached.created is False and attached.last_seq == 5
         await ref.ask(PostInput(end_user_id=user, prompt="again"))
         await idle(system, session_id)
         old = subscriber_for(system, session_id)
@@ -212,10 +213,11 @@ async def test_create_input_events_commit_passivate_resume_and_gap(engine, setti
         replay = frames_of(old)
         assert replay[0][0] == "server.replay.gap" and replay[0][1] is None
         assert replay[0][2]["reason"] == "evicted" and replay[0][2]["requestedAfterSeq"] == 2
-        assert [data["seq"] for _, _, data in replay[1:]] == [5, 6, 7]
+        assert [data["seq"] for _, _, data in replay[1:]] == [5, 6, 7, 8]
+        assert replay[1][2]["type"] == "session.resumed" and replay[1][2]["previousLastSeq"] == 4
         exact = subscriber_for(system, session_id)
-        await ref.ask(Subscribe(end_user_id=user, last_event_id=5, subscriber=exact))
-        assert [data["seq"] for _, _, data in frames_of(exact)] == [6, 7]
+        await ref.ask(Subscribe(end_user_id=user, last_event_id=4, subscriber=exact))
+        assert [data["seq"] for _, _, data in frames_of(exact)] == [5, 6, 7, 8]
 
 
 async def test_crash_mid_turn_loses_only_that_turn_and_the_next_epoch_starts_above(engine, settings):

@@ -150,11 +150,14 @@ async def test_l3_sealed_epoch_resumes_at_exactly_the_watermark(nursery, client)
     meta = (await client.get(f"/v2/sessions/{session_id}")).json()
     assert meta["live"] is False and meta["status"] == "ended"
     resumed = (await client.post("/v2/sessions", json={"resume": {"sessionId": session_id}})).json()
-    assert resumed["resumed"] is True and resumed["lastSeq"] == meta["lastSeq"]
+    # Sealed: the new epoch starts at exactly watermark + 1, with session.resumed (the 201's lastSeq).
+    assert resumed["resumed"] is True and resumed["lastSeq"] == meta["lastSeq"] + 1
     stream = await follow(nursery, client, f"/v2/sessions/{session_id}/events",
-                          {"Last-Event-ID": str(resumed["lastSeq"])})
+                          {"Last-Event-ID": str(meta["lastSeq"])})
     assert (await client.post(f"/v2/sessions/{session_id}/messages", json={"prompt": "x"})).status_code == 202
     await stream.wait_for(is_turn_end)
     stream.close()
-    assert seq_of(stream.frames[1]) == meta["lastSeq"] + 1
+    assert not stream.of_type("server.replay.gap")
+    assert seq_of(stream.frames[1]) == meta["lastSeq"] + 1 and type_of(stream.frames[1]) == "session.resumed"
+    assert seq_of(stream.frames[2]) == resumed["lastSeq"] + 1
 

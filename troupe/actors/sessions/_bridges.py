@@ -24,6 +24,12 @@ The contract's rules, and where they live here:
   ``permission_ttl_seconds`` (120 s) the verdict is deny and the turn continues;
   ``server.permission.closed`` tells every client to close its dialog (also after an answer
   or a cancel, so a second device does not keep a stale dialog open).
+- An answer in the structured shape (``{questionId, selectedOptionIds, freeText?}``, what the
+  SDK sends) must name a question the request asked and only options that question offered
+  (an option's ``id``, else its ``label``); otherwise it is ``validation_failed`` (400, a
+  payload problem in the contract's table) and the request stays pending, so the right answer
+  can still follow.  Free-form answers (strings, other objects) are the client's business and
+  pass unchecked, as the contract's ``{ answers: [...] }`` allows.
 - Questions never hang: when no subscriber has been connected for
   ``question_unattended_grace_seconds`` (60 s) the tool degrades to "decide and continue";
   with a subscriber it still ends after ``question_ttl_seconds``.  ``server.question.closed``
@@ -149,8 +155,52 @@ class Answered:
 
 AnswerOutcome = Answered | SessionRefused
 """What ``answer_*`` returns: ``Answered`` or a refusal with ``request_not_found`` (404),
-``request_already_answered`` (409), ``request_cancelled`` (410) or ``digest_mismatch``
-(409)."""
+``request_already_answered`` (409), ``request_cancelled`` (410), ``digest_mismatch``
+(409) or, for a structured question answer naming what was not asked, ``validation_failed``
+(400)."""
+
+
+def offered_option_ids(question: Mapping[str, Any]) -> frozenset[str]:
+    """The option ids a question offers: each option's ``id``, else its ``label`` (the kernel
+    passes the model's options through as given; a bare string option is its own id)."""
+    offered = set()
+    for option in question.get("options") or ():
+        if isinstance(option, str):
+            offered.add(option)
+        elif isinstance(option, Mapping):
+            for key in ("id", "label"):
+                if isinstance(option.get(key), str):
+                    offered.add(option[key])
+                    break
+    return frozenset(offered)
+
+
+def answers_problem(questions: Sequence[Mapping[str, Any]], answers: Sequence[Any]) -> dict[str, Any] | None:
+    """Why structured answers do not fit the questions asked (``reason`` and the offending
+    ``questionId`` / ``optionId``), or None.  Only answers carrying ``selectedOptionIds`` are
+    structured; the rest are free-form and not judged here.  An option named twice is refused
+    (``option_repeated``), and so is more than one option for a question not marked
+    ``multiSelect: true`` (``single_select``)."""
+    by_id = {str(question.get("id")): question for question in questions if question.get("id") is not None}
+    for answer in answers:
+        if not isinstance(answer, Mapping) or "selectedOptionIds" not in answer:
+            continue
+        question_id, selected = answer.get("questionId"), answer["selectedOptionIds"]
+        question = by_id.get(question_id) if isinstance(question_id, str) else None
+        if question is None:
+            return {"reason": "question_not_asked", "questionId": question_id}
+        if not isinstance(selected, list) or not all(isinstance(option, str) for option in selected):
+            return {"reason": "options_malformed", "questionId": question_id}
+        offered = offered_option_ids(question)
+        for option in selected:
+            if option not in offered:
+                return {"reason": "option_not_offered", "questionId": question_id, "optionId": option}
+        if len(set(selected)) != len(selected):
+            return {"reason": "option_repeated", "questionId": question_id}
+        if len(selected) > 1 and question.get("multiSelect") is not True:
+            # A question the model did not mark ``multiSelect: true`` takes one option at most.
+            return {"reason": "single_select", "questionId": question_id, "optionsMax": 1}
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +218,7 @@ class _Pending:
     outcome: Literal["answered", "expired", "cancelled"] | None = None
     value: Any = None
     is_error: bool = False
+    questions: tuple[Mapping[str, Any], ...] = ()
 
     def settle(self, outcome: Literal["answered", "expired", "cancelled"], value: Any = None,
                is_error: bool = False) -> None:
@@ -312,10 +363,11 @@ class Bridges:
         pending = self._open("question", request_id, turn_id)
         if pending is None:
             return QuestionAnswer("refused")
+        pending.questions = tuple(dict(question) for question in questions)
         ttl_ms = int(self._question_ttl * 1000)
         self._publish(
             "server.question.request",
-            {"requestId": request_id, "questions": [dict(question) for question in questions],
+            {"requestId": request_id, "questions": [dict(question) for question in pending.questions],
              "ttlMs": ttl_ms, "ts": self._wall_milliseconds()},
             turn_id,
         )
@@ -378,11 +430,15 @@ class Bridges:
         return Answered(request_id)
 
     def answer_question(self, request_id: str, answers: Sequence[Any]) -> AnswerOutcome:
-        """``POST …/questions/:requestId``."""
+        """``POST …/questions/:requestId``: structured answers may name only what was asked."""
         pending, refusal = self._find("question", request_id)
         if refusal is not None:
             return refusal
         assert pending is not None
+        problem = answers_problem(pending.questions, answers)
+        if problem is not None:
+            return SessionRefused("validation_failed", "答案引用了请求未提供的问题或选项",
+                                  {"requestId": request_id, **problem})
         self._settle(pending, "answered", tuple(answers))
         self._publish_closed("server.question.closed", pending, "answered", {})
         return Answered(request_id)
@@ -482,8 +538,10 @@ __all__ = [
     "Publish",
     "QuestionAnswer",
     "ToolAnswer",
+    "answers_problem",
     "arguments_digest",
     "canonical_json",
+    "offered_option_ids",
     "pending_requests_max",
     "permission_ttl_seconds",
     "question_ttl_seconds",

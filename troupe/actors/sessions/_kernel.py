@@ -33,17 +33,21 @@ cancel scope inside ``run_turn``, which then cancels the turn's pending bridge r
 publishes ``turn.aborted {reason}`` and *returns* ``TurnOutcome(status="aborted")`` with the
 messages so far (the user's input, finished assistant messages and tool results), which the
 actor commits like any turn end.  Publishing is synchronous, so nothing here needs a shield.
-A cancellation from *outside* the handle (the actor's nursery torn down, the process crashing)
-is not an interrupt: ``run_turn`` publishes nothing and lets ``trio.Cancelled`` propagate,
-which is the "crash mid-turn loses the turn" case; drain therefore uses
-``interrupt("server_draining")`` and awaits the outcome.
+A cancellation from *outside* the handle (the runtime discarding the instance: a crash, or a
+passivation, which cancels an actor's tasks before ``on_passivate``) is not an interrupt:
+``run_turn`` publishes nothing and lets ``trio.Cancelled`` propagate, but first leaves
+``TurnHandle.cut_off``.  After a crash nobody calls it and the turn is lost.  A passivation
+(LRU eviction, graceful drain) reaches the actor's drain, which calls
+``cut_off("server_draining")``: the turn ends ``turn.aborted`` with the messages so far and is
+committed like an interrupted one (before this, it ended ``turn.error internal_error`` with its
+user input dropped from the history).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -148,11 +152,15 @@ class TurnOutcome:
 
 
 class TurnHandle:
-    """The actor's grip on a running turn: ``interrupt(reason)`` aborts it (idempotent)."""
+    """The actor's grip on a running turn: ``interrupt(reason)`` aborts it (idempotent).
+
+    ``cut_off`` is set when the turn was cancelled from outside (see the module docstring):
+    calling it with a reason publishes ``turn.aborted`` and returns the aborted outcome."""
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self.reason: str | None = None
+        self.cut_off: Callable[[str], TurnOutcome] | None = None
 
     def interrupt(self, reason: str = "aborted_by_user") -> None:
         if self.reason is None:
@@ -175,6 +183,11 @@ async def run_turn(
     try:
         with handle.scope:
             outcome = await turn.loop()
+    except trio.Cancelled:
+        # Cut off from outside: publish nothing now (a crash must leave no trace), but let the
+        # actor end the turn as aborted if its instance lives on to passivate.
+        handle.cut_off = turn.abort
+        raise
     except _TurnFailed as failure:
         return turn.fail(failure.code, failure.message)
     except Exception as exc:  # a bug of ours or a tool's: the turn fails, the session lives
@@ -249,16 +262,19 @@ class _Turn:
         self.chat = [*system, *_trim(history, room), ChatMessage("user", user["text"])]
 
     def finish(self, reason: str) -> TurnOutcome:
+        self.close_inputs()
         self.publish("turn.completed", {"reason": reason, "usage": self.usage_payload()})
         return TurnOutcome("completed", reason, tuple(self.messages), self.usage())
 
     def abort(self, reason: str) -> TurnOutcome:
+        self.close_inputs()
         self.ports.bridges.cancel_all(reason, turn_id=self.turn_id)
         self._fail_open_calls("cancelled", "the turn was interrupted")
         self.publish("turn.aborted", {"reason": reason, "usage": self.usage_payload()})
         return TurnOutcome("aborted", reason, tuple(self.messages), self.usage())
 
     def fail(self, code: str, message: str) -> TurnOutcome:
+        self.close_inputs()
         self.ports.bridges.cancel_all(code, turn_id=self.turn_id)
         self._fail_open_calls("cancelled", "the turn failed")
         self.publish("turn.error", {"code": code, "message": message, "recoverable": False,
@@ -279,6 +295,8 @@ class _Turn:
         specs = self.table.specs() if self.table is not None else ()
         # A larger request is clamped (the HTTP layer should refuse it with validation_failed).
         for step in range(min(self.request.max_turns, max_turns_limit)):
+            if step > 0:
+                self.take_inputs()
             completion = await self.model_step(step, specs)
             calls = tuple(ToolCall(self.env.ids.new_id("call_"), call.name, call.arguments)
                           for call in completion.tool_calls)
@@ -292,9 +310,32 @@ class _Turn:
             self.messages.append(assistant)
             self.chat.append(ChatMessage("assistant", completion.text, calls))
             if not calls:
+                # Strict inputs that arrived during this step need an answer in this turn.
+                if self.take_inputs(close_if_empty=True):
+                    continue
                 return self.finish("end_turn")
             await self.run_calls(calls)
         return self.finish("max_turns")
+
+    def close_inputs(self) -> None:
+        """The turn ends: an input posted from now on is late (refused), never half-taken."""
+        inbox = getattr(self.ports, "inputs", None)
+        if inbox is not None:
+            inbox.close()
+
+    def take_inputs(self, *, close_if_empty: bool = False) -> bool:
+        """Strict inputs accepted into this turn (``_inputs.TurnInbox``) join the conversation
+        as user messages carrying their ``inputId``; True when any did.  ``close_if_empty``
+        ends admission when none waits, with no await before the turn ends."""
+        inbox = getattr(self.ports, "inputs", None)
+        if inbox is None:
+            return False
+        taken = inbox.take(close_if_empty=close_if_empty)
+        for item in taken:
+            self.messages.append({"role": "user", "turnId": self.turn_id, "ts": self.now_ms(),
+                                  "text": item.text, "inputId": item.input_id})
+            self.chat.append(ChatMessage("user", item.text))
+        return bool(taken)
 
     async def model_step(self, step: int, specs: tuple[ToolSpec, ...]) -> Completion:
         request = CompletionRequest(

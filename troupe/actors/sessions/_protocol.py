@@ -76,6 +76,13 @@ refusal_statuses: dict[str, int] = {
     "request_already_answered": 409,
     "request_cancelled": 410,
     "digest_mismatch": 409,
+    # Strict inputs (``_inputs``): the SDK's input path.
+    "input_conflict": 409,
+    "input_target_stale": 409,
+    "input_target_closed": 409,
+    "input_not_found": 404,
+    "input_limit_exceeded": 422,
+    "capability_disabled": 404,
 }
 """Every code a session or end-user actor may refuse with, and its HTTP status."""
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from troupe.storage import Migration
 
+from ._inputs import inputs_migrations
+
 sessions_component = "sessions"
 
 sessions_tables_sql = """
@@ -78,6 +80,8 @@ sessions_tables_sql = """
 
 sessions_migrations: tuple[Migration, ...] = (
     Migration(component=sessions_component, number=1, name="agent_sessions", sql=sessions_tables_sql),
+    # Strict inputs' receipts and history epochs (their own component: ``_inputs``).
+    *inputs_migrations,
 )
 
 __all__ = ["sessions_component", "sessions_migrations"]

@@ -64,6 +64,7 @@ from ._checkpoints import (
 )
 from ._end_users import AdmitSession, Admitted, NoteSessionState, ReleaseSession
 from ._frames import event_frame, is_control_type, server_platform_warning
+from ._inputs import advance_history_epoch, book_of, input_handlers, settle_receipts
 from ._kernel import TurnHandle, TurnOutcome, TurnRequest, run_turn
 from ._profiles import ToolTable, resolve_tool_table
 from ._prompts import compose_system_prompt
@@ -173,6 +174,8 @@ compact_keep_messages = 6
 compact_summary_chars_max = 4000
 """The folded summary message is cut to this many characters."""
 
+session_resumed_event = "session.resumed"
+"""The event that opens a resumed epoch, at its first seq (see ``_resume``)."""
 known_model_aliases_default = ("default", "local")
 """The ``model`` aliases a create request may name when the deployment lists none."""
 
@@ -219,6 +222,8 @@ class SessionSettings:
     question_grace_seconds: float = question_unattended_grace_seconds
     """With no subscriber this long, a question degrades to "decide and continue" (60 s)."""
     question_ttl_seconds: float = question_ttl_seconds
+    input_durable_ack: bool = False
+    """Strict inputs may ask for ``durable`` acknowledgement (``_inputs``); False = refused."""
 
 
 # -- internal messages -------------------------------------------------------------------------
@@ -257,6 +262,8 @@ class _Ports:
     publish: Any
     bridges: Bridges
     model: Any
+    inputs: Any = None
+    """The running turn's ``_inputs.TurnInbox`` (strict inputs the kernel takes at its steps)."""
 
 
 def _milliseconds(wall_seconds: float) -> int:
@@ -432,9 +439,11 @@ class SessionActor(Actor):
         usage: UsageSnapshot | None,
         sealed: bool,
         status: str,
+        also: Callable[[Any], None] | None = None,
     ) -> None:
         """One write: the events published since the last commit, ``messages``, the watermark,
-        the seal flag, the status and the usage snapshot."""
+        the seal flag, the status and the usage snapshot (and ``also(connection)``, e.g. the
+        turn's input receipts, in the same transaction)."""
         assert self.row is not None
         events = tuple(self.uncommitted)
         last_seq = max(self.row.last_seq, events[-1].seq if events else self.row.last_seq)
@@ -446,12 +455,17 @@ class SessionActor(Actor):
             last_seq = max(last_seq, self.published_seq)
         now_ms = self._now_ms()
         session_id = self.session_id
-        row = await self.context.storage.write(
-            lambda connection: commit_turn(
+
+        def write(connection: Any) -> SessionRow:
+            row = commit_turn(
                 connection, session_id, events=events, messages=messages, last_seq=last_seq,
                 sealed=sealed, status=status, usage=usage, last_activity_at_ms=now_ms,
             )
-        )
+            if also is not None:
+                also(connection)
+            return row
+
+        row = await self.context.storage.write(write)
         del self.uncommitted[: len(events)]
         self.row = row
 
@@ -591,10 +605,16 @@ class SessionActor(Actor):
         self.row = fresh
         self.usage_lag = usage_is_stale(fresh)
         self._start_epoch(start, table, history=history)
+        # The new epoch opens with one committed event at its first seq, and the 201's lastSeq
+        # is that seq (the contract's "新纪元起点水位"): a client holding the old watermark
+        # reads it at once, without a gap, and its watermark moves past the old epoch's
+        # (the tansr SDK's restart flow checks both).
+        self.publish(session_resumed_event, {"endUserId": row.end_user_id, "previousLastSeq": row.last_seq})
+        await self._commit(messages=(), usage=None, sealed=False, status=session_status_idle)
         if message.prompt is not None:
             self._start_turn(PostInput(end_user_id=message.end_user_id, prompt=message.prompt))
         self._note_state()
-        return SessionOpened(self.session_id, resumed=True, last_seq=start - 1, created=True)
+        return SessionOpened(self.session_id, resumed=True, last_seq=start, created=True)
 
     async def _fork(self, message: OpenSession) -> Any:
         if self.row is not None:
@@ -732,7 +752,8 @@ class SessionActor(Actor):
         request = TurnRequest(**request_fields)
         running = _RunningTurn(turn_id, TurnHandle())
         self.turn = running
-        ports = _Ports(env=env, publish=self.publish, bridges=self.bridges, model=env.model)
+        ports = _Ports(env=env, publish=self.publish, bridges=self.bridges, model=env.model,
+                       inputs=book_of(self).open_turn(turn_id))
         runner = self.settings.turn_runner
 
         async def run() -> None:
@@ -759,8 +780,13 @@ class SessionActor(Actor):
     async def _finalize_turn(self, running: _RunningTurn) -> None:
         """Commit the turn's events, messages, watermark and usage in one write."""
         running.finalized = True
-        self.bridges.cancel_all("turn_ended", turn_id=running.turn_id)
         outcome = running.outcome
+        cut_off = getattr(running.handle, "cut_off", None)
+        if outcome is None and running.error is None and cut_off is not None:
+            # The runtime cancelled the turn's task under a passivation (eviction, drain):
+            # it ends aborted with what it did, like an interrupted turn, not as an error.
+            outcome = cut_off(running.handle.reason or "server_draining")
+        self.bridges.cancel_all("turn_ended", turn_id=running.turn_id)
         if outcome is None:
             # The kernel failed (a bug) or was cut off: say so on the stream and keep its events.
             error = running.error
@@ -774,7 +800,20 @@ class SessionActor(Actor):
         else:
             messages = outcome.messages
         usage = self._usage_after(outcome, len(messages))
-        await self._commit(messages=messages, usage=usage, sealed=False, status=session_status_idle)
+        book = book_of(self)
+        end_reason = outcome.reason if outcome is not None and outcome.reason else "internal_error"
+        settled = book.settlement(running.turn_id, messages, end_reason)
+        session_id = self.session_id
+        await self._commit(
+            messages=messages, usage=usage, sealed=False, status=session_status_idle,
+            # The turn's input receipts settle in the turn's own write (unloaded: none exist).
+            also=(lambda connection: settle_receipts(connection, session_id, running.turn_id, settled))
+            if book.loaded else None,
+        )
+        book.settled(running.turn_id, settled)
+        for receipt in settled:
+            self.context.trace(f"session_input_{receipt.state}", session=session_id, input=receipt.input_id,
+                               turn=running.turn_id, reason=receipt.reason or "")
         self.history.extend(dict(message) for message in messages)
         self.turn = None
         self._note_state()
@@ -1031,12 +1070,14 @@ class SessionActor(Actor):
             if result is None:
                 return None
             page = read_history(connection, session_id)
-            return result, load_session(connection, session_id), list(page.messages)
+            generation = advance_history_epoch(connection, session_id)
+            return result, load_session(connection, session_id), list(page.messages), generation
 
         found = await self.context.storage.write(restore)
         if found is None:
             return SessionRefused("checkpoint_not_found", "快照不存在", {"checkpointId": message.checkpoint_id})
-        result, self.row, history = found
+        result, self.row, history, generation = found
+        book_of(self).restored(generation)
         if self.live:
             self.history = history
         return result
@@ -1122,6 +1163,7 @@ class SessionActor(Actor):
         DeleteCheckpoint: _delete_checkpoint,
         ExportCheckpoint: _export_checkpoint,
         ImportCheckpoint: _import_checkpoint,
+        **input_handlers,
     }
 
 

@@ -100,15 +100,10 @@ def complete(session, prompt: str) -> str:
 
 def test_discovery_answers_the_frozen_contract(clients, fixture_process):
     client = clients()
-    # The SDK's own schema check rejects even its frozen catalogue (tansr-sdk 0.1.0), so the
-    # manifest is read over plain HTTP; the session flow never reads it.
-    import httpx
-
-    info = fixture_process.info
-    manifest = httpx.get(info["baseURL"] + "/api/manifest", headers={
-        "Authorization": "Bearer " + info["token"], "tansr-session-family": "sdk1"})
-    assert manifest.status_code == 200 and manifest.headers["tansr-domain"] == "discovery"
-    assert manifest.json()["revision"] == 7 and manifest.headers["tansr-manifest-revision"] == "7"
+    # Through the SDK's own discovery check (schema, revision and schema hash, body and headers).
+    manifest = client.call("discovery.manifest")
+    assert manifest.headers["tansr-domain"] == "discovery"
+    assert manifest.body["revision"] == 7 and manifest.headers["tansr-manifest-revision"] == "7"
     capabilities = client.call("discovery.capabilities")
     assert capabilities.body["domains"]["session"]["installed"] is True
     session = SessionClient(client).create()
@@ -251,6 +246,8 @@ def test_questions_wrong_ticket_revoked_auth_answer_twice_and_expiry(clients, fi
         answer = Answer(question["id"], [question["options"][0]["id"]])
         ticket = request["requestId"]
         rejected(lambda: current.answer("wrong-ticket", [answer]), (404,))
+        invented = rejected(lambda: current.answer(ticket, [Answer(question["id"], ["invented-option"])]), (400,))
+        assert invented.wire_code == "invalid_request" and invented.detail["domainCode"] == "validation_failed"
         fixture_process.command({"command": "set-auth", "allowed": False})
         try:
             rejected(lambda: current.answer(ticket, [answer]), (401, 403))

@@ -14,7 +14,7 @@ The gate (``ApiGate``), outermost first: Host (400), the unified request headers
 token (401), the route (404 / 405), the session family (404 ``capability_unavailable``
 ``not_installed`` for a family not served here), the closure fence on writes (412
 ``precondition_failed`` ``closure_stale``), then the body, counted against the operation's
-cap (413).  Every answer, the gate's own included, carries the unified headers.
+cap (413); a write with ``Idempotency-Key`` then goes through the replay window (``_replay``).  Every answer, the gate's own included, carries the unified headers.
 
 Input routes (issue 12 part B) register on the same app: ``install_input_routes(app,
 dependencies)`` from ``_routes_inputs`` (imported when it exists), using ``api_admission()``,
@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -45,11 +46,20 @@ from troupe.storage import StorageError
 from ._discovery import (
     closure_document,
     deployment_capabilities,
+    ended_writes_kept,
     operation_states,
     session_family_discovery,
 )
 from ._events import install_api_event_route
 from ._manifest import api_operations, input_operation_names, manifest_document, quart_rule
+from ._replay import (
+    ReplayWindow,
+    idempotency_response_bytes_max,
+    idempotency_wait_seconds_max,
+    read_body,
+    replaying_receive,
+    request_fingerprint,
+)
 from ._routes_core import (
     ApiAdmission,
     admission_scope_key,
@@ -83,6 +93,8 @@ body_caps_by_operation = {
     "session.audio.speak": import_body_bytes_max,
 }
 """Body caps that differ from the contract's 1 MiB default."""
+fence_read_seconds_max = 10.0
+"""How long the closure fence waits for a session's status before leaving it to the route."""
 unified_only_suffixes = ("/capabilities", "/input-capabilities")
 unified_only_segments = ("inputs",)
 
@@ -148,13 +160,19 @@ def _input_routes_available() -> bool:
     return hasattr(_routes_inputs, "install_input_routes")
 
 
-def current_closure(dependencies: Any, served: frozenset[str]) -> dict[str, Any]:
-    """The deployment's closure: what is served, minus what its configuration turns off."""
+def current_closure(dependencies: Any, served: frozenset[str], session_status: str | None = None) -> dict[str, Any]:
+    """A session's closure: what is served, minus what the deployment's configuration turns
+    off, minus (for an ended session) every write but ``ended_writes_kept``.  Nothing else of
+    the session goes in (not running / idle, not its turns, checkpoints or epochs), so the id
+    stays the same for the whole life of a live session and changes only when it ends."""
     disabled = set()
     if dependencies.cwd_policy is None:
         disabled.add("session.cwd.set")
     if dependencies.voice is None:
         disabled.update({"session.audio.transcribe", "session.audio.speak"})
+    if session_status == "ended":
+        disabled.update(operation.name for operation in api_operations
+                        if operation.kind == "write" and operation.name not in ended_writes_kept)
     return closure_document(operation_states(served=served, disabled=frozenset(disabled)))
 
 
@@ -172,6 +190,7 @@ class ApiGate:
         caps = {default_body_bytes_max, *body_caps_by_operation.values()}
         self._limited = {cap: BodyLimit(app, request_body_bytes_max=cap, envelope=_body_limit_envelope)
                          for cap in caps}
+        self.replay_window = ReplayWindow(dependencies.env.clock.monotonic)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path, method = scope["path"], scope["method"]
@@ -187,7 +206,69 @@ class ApiGate:
             return
         admission = scope[admission_scope_key]
         cap = body_caps_by_operation.get(admission.operation, default_body_bytes_max)
-        await self._limited[cap](scope, receive, send)
+        key = admission.headers.idempotency_key
+        if key is None:
+            await self._limited[cap](scope, receive, send)
+            return
+        await self._keyed_write(scope, receive, send, admission, key, cap)
+
+    async def _keyed_write(self, scope: Any, receive: Any, send: Any, admission: ApiAdmission, key: str,
+                           cap: int) -> None:
+        """A write with ``Idempotency-Key``: run once, answer duplicates from the window (``_replay``)."""
+        trace = scope[trace_scope_key]
+        body, over, gone = await read_body(receive, cap)
+        if gone:
+            return
+        if over:
+            document = error_document(413, "payload_too_large", "request body too large", request_id=key,
+                                      trace_id=trace, detail={"domainCode": "payload_too_large", "domainStatus": 413,
+                                                              "reason": "header_body_limit", "limitBytes": cap})
+            await _send_json(receive, send, 413, document, {})
+            return
+        fingerprint = request_fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
+        owner = admission.end_user_id
+        drained = replaying_receive(b"", receive)  # the body is read: nothing left to linger over
+        with trio.move_on_after(idempotency_wait_seconds_max):
+            while True:
+                decision, receipt = self.replay_window.begin(owner, key, fingerprint)
+                if decision != "wait":
+                    break
+                assert receipt is not None
+                await receipt.done.wait()
+        if decision == "wait":  # the first arrival is still running after the longest wait
+            decision, receipt = "full", None
+        if decision in ("reused", "full"):
+            status, code, reason = (409, "conflict", "idempotency_key_reused") if decision == "reused" \
+                else (503, "capacity_exceeded", "receipt_window_full")
+            document = error_document(status, code, reason.replace("_", " "), request_id=key, trace_id=trace,
+                                      detail={"reason": reason, "header": "idempotency-key"},
+                                      retry_after_ms=1000 if status == 503 else None)
+            await _send_json(drained, send, status, document, {"Retry-After": "1"} if status == 503 else {})
+            return
+        assert receipt is not None
+        if decision == "replay":
+            assert receipt.status is not None
+            headers = [*receipt.headers, (b"idempotent-replayed", b"true")]
+            await send_lingering(drained, send, receipt.status, headers, receipt.body)
+            return
+        captured: dict[str, Any] = {"status": None, "headers": [], "body": bytearray(), "complete": False}
+
+        async def capturing_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                captured["status"] = message["status"]
+                captured["headers"] = [(bytes(name), bytes(value)) for name, value in message.get("headers", ())]
+            elif message["type"] == "http.response.body":
+                if len(captured["body"]) <= idempotency_response_bytes_max:
+                    captured["body"] += message.get("body", b"")
+                captured["complete"] = not message.get("more_body", False)
+            await send(message)
+
+        try:
+            await self._limited[cap](scope, replaying_receive(body, receive), capturing_send)
+        finally:
+            complete = captured["complete"]
+            self.replay_window.finish(owner, key, receipt, captured["status"] if complete else None,
+                                      captured["headers"], bytes(captured["body"]))
 
     async def _admit(self, scope: Any, method: str, path: str) -> tuple[int, dict, dict] | None:
         trace = scope[trace_scope_key]
@@ -231,15 +312,20 @@ class ApiGate:
             if allowed:
                 return refuse(405, "method_not_allowed", "method not allowed", None, None, {"Allow": ", ".join(allowed)})
             return refuse(404, "not_found", "no such route", {"domainCode": "not_found"})
-        if operation.family is not None and operation.name != "session.capabilities" \
-                and parsed.family not in served_session_families:
+        if parsed.idempotency_key is not None and operation.kind != "write":
+            return refuse(400, "invalid_request", "Idempotency-Key applies to writes only",
+                          {"reason": "idempotency_key_not_applicable", "header": "idempotency-key"})
+        if operation.family is not None and parsed.family not in served_session_families:
+            # The family discovery too: a client of a family not installed here learns it from a
+            # 404 before it writes anything (the SDK's own integration flow expects that 404).
             return refuse(404, "capability_unavailable", "session family not installed",
                           {"reason": "not_installed", "header": header_session_family})
         if parsed.closure_id is not None:
             if operation.kind != "write" or not operation.api_path.startswith("/api/sessions/:id/"):
                 return refuse(400, "invalid_request", "closure id on an unfenced request",
                               {"header": "tansr-closure-id"})
-            current = current_closure(dependencies, self.served)
+            status = await self._session_status(grant.scope.end_user_id, path)
+            current = current_closure(dependencies, self.served, status)
             if parsed.closure_id != current["closureId"]:
                 return refuse(412, "precondition_failed", "capability closure is stale",
                               {"domainCode": "closure_stale", "closureId": current["closureId"],
@@ -251,6 +337,23 @@ class ApiGate:
                                                                 "operation": operation.name})
         scope[admission_scope_key] = ApiAdmission(grant.scope.end_user_id, grant, operation.name, parsed)
         return None
+
+    async def _session_status(self, end_user_id: str, path: str) -> str | None:
+        """The status of the session a fenced write names, or None when the actor refuses
+        (unknown, foreign, busy): the route then answers that refusal itself."""
+        from troupe.actors.sessions import ReadMeta, SessionMeta, session_kind_name
+        from troupe.http.sessions._schemas import session_key
+
+        try:
+            session_id = session_key(path.split("/")[3])
+        except SessionsError:
+            return None  # malformed: the route refuses it without waking an actor
+        try:
+            reply = await self.dependencies.system.ref(session_kind_name, session_id).ask(
+                ReadMeta(end_user_id=end_user_id, via="api"), timeout=fence_read_seconds_max)
+        except Exception:  # noqa: BLE001 - any failure leaves the decision to the route
+            return None
+        return reply.status if isinstance(reply, SessionMeta) else None
 
 
 def _body_limit_envelope(status: int, code: str, message: str) -> ErrorBody:
@@ -359,8 +462,8 @@ def _install_discovery(app: QuartTrio, dependencies: Any, ask: Callable[..., Any
     @app.get("/api/sessions/<id>/capabilities")
     async def session_capabilities(id: str) -> Response:  # noqa: A002
         who = api_admission()
-        await ask(session_kind_name, session_key(id), ReadMeta(end_user_id=who.end_user_id, via="api"))
-        closure = current_closure(dependencies, served)
+        meta = await ask(session_kind_name, session_key(id), ReadMeta(end_user_id=who.end_user_id, via="api"))
+        closure = current_closure(dependencies, served, meta.status)
         return api_json_response(closure, domain=discovery_domain, closure_id=closure["closureId"])
 
 

@@ -6,6 +6,13 @@ revision and schema hash the SDK is frozen at (it refuses a discovery answer tha
 ``runtime.installed`` says which domains are mounted (only ``session``).  Paths use the SDK's
 templates (``:id``, ``:targetId``, ``:ticketId``); ``fenced`` operations are those a capability
 closure governs.
+
+Shape: each operation carries exactly the keys of the SDK's ``ManifestOperation`` schema (which
+forbids any other).  The SDK's own frozen catalogue adds ``fenced`` and ``requestIdPath`` to
+every operation, so ``validate_wire("unified-v1", "Manifest", catalogue)`` refuses the
+catalogue itself (checked in ``tests/http/sessions/api/test_discovery.py``); the served
+manifest leaves those two keys out of the wire form and passes the SDK's ``discovery.manifest``
+check.  ``fenced`` stays an attribute here (what the closure governs).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._transport import contract_name, manifest_revision, schema_hash_hex, session_contract_family
+
+legacy_family_discovery_path = "/v3/sdk2/session-capabilities"
 
 
 @dataclass(frozen=True)
@@ -33,9 +42,17 @@ class ApiOperation:
 
     @property
     def legacy_path(self) -> str | None:
-        if self.family is None or not self.api_path.startswith("/api/sessions"):
+        if self.family is None:
             return None
+        if not self.api_path.startswith("/api/sessions"):
+            # The catalogue's legacy entry of the family discovery (a session-family operation
+            # must name one).
+            return legacy_family_discovery_path
         return "/v2" + self.api_path[len("/api"):].replace(":ticketId", ":targetId")
+
+    @property
+    def fenced(self) -> bool:
+        return self.family is not None and self.name != "session.capabilities"
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -43,7 +60,6 @@ class ApiOperation:
             "apiPath": self.api_path, "aliases": [], "legacyPath": self.legacy_path, "legacyOffloadPath": None,
             "kind": self.kind, "sse": self.kind == "stream", "request": self.request, "response": self.response,
             "query": list(self.query), "notes": None, "etagPath": None, "expectedRevision": None,
-            "fenced": self.family is not None, "requestIdPath": None,
         }
 
 

@@ -12,6 +12,14 @@ scope; the handler validates its body with the /v2 schemas, asks the actor (``Se
 on a refusal, rendered by the app's error handler in the unified envelope) and shapes the reply
 with the unified headers.
 
+The ``checkpoint`` flag of compaction (``true`` or ``{label?}``) and of restore (``true``, the
+SDK's default): before the history is replaced, a checkpoint of the history as it was is taken
+(named by the label, else ``safety_checkpoint_names``), so the change can be undone; its id
+travels as ``safetyCheckpointId``.  The actor has no combined request, so it is two asks: when
+the replacement is then refused or changes nothing (``turn_running``, too short to compact,
+unknown checkpoint) the safety checkpoint is deleted again; a crash between the two asks can
+leave it behind (a harmless extra checkpoint, never a lost history).
+
 Checkpoint export: the actor's self-contained CBOR export travels base64 inside the JSON
 document (``troupe.export``), next to the readable ``checkpoint`` (meta + ``messages``), so an
 import of exactly those bytes is the actor's own import, digest check included.
@@ -86,6 +94,9 @@ session_list_limit_default = 50
 checkpoint_document_format = "tansr-checkpoint/1"
 label_characters_max = 120
 admission_scope_key = "troupe.api.admission"
+compact_instructions_characters_max = 4096
+"""The SDK's own bound on compaction ``instructions``."""
+safety_checkpoint_names = {"compact": "pre-compact", "restore": "pre-restore"}
 
 assert session_list_limit_default <= sessions_list_limit_max
 
@@ -184,6 +195,43 @@ def import_bytes(data: bytes) -> bytes:
     return export
 
 
+def checkpoint_flag(body: Any, operation: str) -> tuple[bool, str | None]:
+    """(take a safety checkpoint?, its label) from a compact / restore body; ``SessionsError``
+    (400) for a body the SDK would never send.  Restore defaults to true (the SDK's default),
+    compaction to false."""
+    if not isinstance(body, dict):
+        raise SessionsError("validation_failed", detail={"fields": [{"field": "body"}]})
+    allowed = {"compact": {"instructions", "checkpoint"}, "restore": {"checkpoint"}}[operation]
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise SessionsError("validation_failed", detail={"fields": [{"field": name} for name in unknown]})
+    instructions = body.get("instructions")
+    if instructions is not None and (not isinstance(instructions, str)
+                                     or len(instructions) > compact_instructions_characters_max):
+        raise SessionsError("validation_failed", detail={"fields": [{"field": "instructions"}]})
+    flag = body.get("checkpoint", operation == "restore")
+    if isinstance(flag, bool):
+        return flag, None
+    if operation == "compact" and isinstance(flag, dict) and set(flag) <= {"label"}:
+        label = flag.get("label")
+        if label is None or (isinstance(label, str) and 0 < len(label) <= label_characters_max):
+            return True, label
+    raise SessionsError("validation_failed", detail={"fields": [{"field": "checkpoint"}]})
+
+
+application_prompt_sources = {"default": "none", "platform": "platform", "sdk": "sdk"}
+"""The actor's summary ``source`` → the SDK's.  ``default`` means the platform segment came from
+``SessionSettings.platform_default``, which no deployment configures (it is empty): no
+application prompt at all, the SDK's ``none``."""
+
+
+def application_prompt_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """The /api ``applicationPrompt``: exactly ``{policy, source}`` (the SDK's shape, no text);
+    /v2 keeps the actor's longer summary."""
+    source = summary.get("source")
+    return {"policy": summary.get("strategy"), "source": application_prompt_sources.get(source, source)}
+
+
 def compact_answer(result: dict[str, Any], session_id: str) -> dict[str, Any]:
     """The actor's compaction result in the SDK's three outcomes."""
     if result.get("status") == "compacted":
@@ -251,7 +299,10 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
             raise SessionsError("validation_failed", detail={"fields": [{"field": "query.include"}]})
         reply = await ask(session_kind_name, session_key(id), ReadMeta(
             **common(), include_application_prompt=bool(values)))
-        return api_json_response(reply.encode())
+        document = reply.encode()
+        if "applicationPrompt" in document:
+            document["applicationPrompt"] = application_prompt_summary(document["applicationPrompt"])
+        return api_json_response(document)
 
     @route("session.close")
     async def close_session(id: str) -> Response:  # noqa: A002
@@ -312,12 +363,41 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
                                                          answers=tuple(body.answers)))
         return api_json_response({"accepted": True})
 
+    async def with_safety_checkpoint(key: str, wanted: bool, label: str | None, operation: str,
+                                     replace_history: Any) -> tuple[Any, str | None]:
+        """Run ``replace_history()`` after a safety checkpoint when ``wanted`` (module docstring);
+        the checkpoint is deleted again when the replacement is refused or changes nothing."""
+        if not wanted:
+            return await replace_history(), None
+        meta = await ask(session_kind_name, key, CreateCheckpoint(
+            **common(), name=label or safety_checkpoint_names[operation]))
+        safety_id = meta.checkpoint_id
+        try:
+            reply = await replace_history()
+        except BaseException:
+            await _forget_checkpoint(key, safety_id)
+            raise
+        if operation == "compact" and reply.encode().get("status") != "compacted":
+            await _forget_checkpoint(key, safety_id)
+            return reply, None
+        return reply, safety_id
+
+    async def _forget_checkpoint(key: str, checkpoint_id: str) -> None:
+        try:
+            await ask(session_kind_name, key, DeleteCheckpoint(**common(), checkpoint_id=checkpoint_id))
+        except SessionsError:
+            pass  # already gone (restored over, evicted): nothing left to undo
+
     @route("session.compact")
     async def compact(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        await _body(empty_as={})
-        reply = await ask(session_kind_name, key, Compact(**common()))
-        return api_json_response(compact_answer(reply.encode(), id))
+        wanted, label = checkpoint_flag(await _body(empty_as={}), "compact")
+        reply, safety_id = await with_safety_checkpoint(
+            key, wanted, label, "compact", lambda: ask(session_kind_name, key, Compact(**common())))
+        answer = compact_answer(reply.encode(), id)
+        if safety_id is not None:
+            answer["safetyCheckpointId"] = safety_id
+        return api_json_response(answer)
 
     @route("session.checkpoint.list")
     async def list_checkpoints(id: str) -> Response:  # noqa: A002
@@ -337,9 +417,14 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.checkpoint.restore")
     async def restore_checkpoint(id: str, targetId: str) -> Response:  # noqa: A002, N803
         key = session_key(id)
-        await _body(empty_as={})
-        reply = await ask(session_kind_name, key, RestoreCheckpoint(**common(), checkpoint_id=targetId))
-        return api_json_response(reply.encode())
+        wanted, _ = checkpoint_flag(await _body(empty_as={}), "restore")
+        reply, safety_id = await with_safety_checkpoint(
+            key, wanted, None, "restore",
+            lambda: ask(session_kind_name, key, RestoreCheckpoint(**common(), checkpoint_id=targetId)))
+        answer = reply.encode()
+        if safety_id is not None:
+            answer["safetyCheckpointId"] = safety_id
+        return api_json_response(answer)
 
     @route("session.checkpoint.delete")
     async def delete_checkpoint(id: str, targetId: str) -> Response:  # noqa: A002, N803
@@ -401,6 +486,7 @@ __all__ = [
     "admission_scope_key",
     "api_admission",
     "checkpoint_document_format",
+    "checkpoint_flag",
     "compact_answer",
     "export_document",
     "import_bytes",

@@ -125,6 +125,15 @@ domain_code_map: dict[str, str] = {
 }
 """The session family's (/v2) codes → the unified code (the SDK's error map, revision 3)."""
 
+detail_reasons = frozenset({
+    "not_installed", "outside_closure", "idempotency_key_invalid", "idempotency_key_not_applicable",
+    "idempotency_key_reused", "idempotency_key_mismatch", "receipt_not_retained", "receipt_window_full",
+    "if_match_invalid", "if_match_not_applicable", "if_match_body_mismatch", "if_match_stale",
+    "deadline_invalid", "deadline_exceeded", "header_body_limit", "header_body_not_canonical",
+    "header_processing_failed",
+})
+"""The closed set ``detail.reason`` may take in the SDK's schema; a session-family reason outside
+it (``option_not_offered``, ``end_user_mismatch``, ...) travels as ``detail.domainReason``."""
 message_characters_max = 1024
 trace_id_pattern = re.compile(r"[A-Za-z0-9._-]{1,128}")
 idempotency_key_pattern = re.compile(r"[\x21-\x7e]{1,128}")
@@ -182,8 +191,19 @@ def error_document(status: int, code: str, message: str, *, retry_action: str | 
     if retry_after_ms is not None:
         document["retryAfterMs"] = max(1, int(retry_after_ms))
     if detail:
-        document["detail"] = dict(detail)
+        document["detail"] = unified_detail(detail)
     return document
+
+
+def unified_detail(detail: Mapping[str, Any]) -> dict[str, Any]:
+    """``detail`` as the SDK's schema accepts it: a ``reason`` outside ``detail_reasons`` is
+    kept as ``domainReason`` (the open object allows any other key)."""
+    result = dict(detail)
+    reason = result.get("reason")
+    if reason is not None and reason not in detail_reasons:
+        del result["reason"]
+        result.setdefault("domainReason", reason)
+    return result
 
 
 def session_error_detail(domain_code: str, domain_status: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -347,6 +367,7 @@ __all__ = [
     "api_json_response",
     "contract_name",
     "default_retry_actions",
+    "detail_reasons",
     "discovery_domain",
     "domain_code_map",
     "error_document",
@@ -375,5 +396,6 @@ __all__ = [
     "trace_scope_key",
     "unified_code_for",
     "unified_codes",
+    "unified_detail",
     "unified_headers",
 ]
