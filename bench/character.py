@@ -260,7 +260,8 @@ async def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the server
 
 
-async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: str) -> tuple[Any, Any, Any, int]:
+async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: str,
+                          outbox_batch_seconds: float | None = None) -> tuple[Any, Any, Any, int]:
     """The character app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
     import httpx
 
@@ -277,6 +278,14 @@ async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: s
     )
     from troupe.storage import Engine, StorageError
 
+    if outbox_batch_seconds is not None:
+        import functools
+
+        import troupe.http.character._surface as character_surface_module
+        from troupe.actors.character import CharacterSettings
+
+        character_surface_module.CharacterSettings = functools.partial(  # type: ignore[misc]
+            CharacterSettings, outbox_batch_seconds=outbox_batch_seconds)
     surfaces = default_surfaces()
     character = next(surface for surface in surfaces if surface.name == "character")
     env = real_env(data_dir)
@@ -441,10 +450,17 @@ async def cache_phase(arguments: argparse.Namespace, engine: Any, port: int, fig
     spec = {"mode": "cache", "port": port, "connections": arguments.connections, "seconds": arguments.seconds,
             "characters": arguments.characters, "prefix": f"{bench_character_prefix}{os.getpid()}-"}
     with profiled(arguments, "cache"), PhaseMeter(engine) as meter:
+        loop_began = time.thread_time()
         cache = await run_client(spec)
+        loop_cpu = time.thread_time() - loop_began
     figures["cache_server"] = meter.figures
     # CPU per turn (warm-up included on both sides): what the machine's load changes least.
-    figures["cache_server"]["cpu_ms_per_turn"] = round(meter.cpu_seconds / max(1, cache["answered_total"]) * 1000, 2)
+    turns = max(1, cache["answered_total"])
+    figures["cache_server"]["cpu_ms_per_turn"] = round(meter.cpu_seconds / turns * 1000, 2)
+    # The split by thread: the trio loop (HTTP, actor turns, the outbox runners) and the rest
+    # (the storage writer and readers: SQL, commits).
+    figures["cache_server"]["loop_cpu_ms_per_turn"] = round(loop_cpu / turns * 1000, 3)
+    figures["cache_server"]["storage_threads_cpu_ms_per_turn"] = round((meter.cpu_seconds - loop_cpu) / turns * 1000, 3)
     figures["cache_turns_per_second"] = cache["requests_per_second"]
     figures["cache_p50_ms"], figures["cache_p99_ms"] = cache["p50_ms"], cache["p99_ms"]
     figures["cache_errors"] = cache["error_count"]
@@ -456,6 +472,71 @@ async def cache_phase(arguments: argparse.Namespace, engine: Any, port: int, fig
         (meter.cpu_seconds + drain.cpu_seconds) / max(1, cache["answered_total"]) * 1000, 2)
     figures["cache_server"]["drain_seconds"] = round(drain.wall_seconds, 2)
     figures["cache_outbox_tasks_per_turn"] = await outbox_tasks_per_turn(engine, cache["answered_total"])
+
+
+in_process_turns_per_asker = 100
+"""``--phase cache_in_process``: turns each of ``--connections`` askers sends."""
+
+
+async def cache_in_process_phase(arguments: argparse.Namespace, engine: Any, system: Any,
+                                 figures: dict[str, Any]) -> None:
+    """The ``/cache`` turn without HTTP: ``--connections`` askers send ``CacheHistory`` to
+    ``--characters`` characters (the HTTP phase's spread), so the CPU per turn splits into
+    the actor turn (this phase, backlog excluded: ``cpu_ms_per_turn``), the post-turn work
+    (``drain_cpu_ms_per_turn``, the backlog's CPU once the askers stopped, plus what ran
+    meanwhile) and, by difference with the HTTP phase, HTTP."""
+    from troupe.actors.character import (
+        CacheHistory,
+        HistoryCached,
+        HistoryMessage,
+        character_kind_name,
+    )
+
+    prefix = f"{bench_character_prefix}inproc-{os.getpid()}-"
+    connections, characters = arguments.connections, arguments.characters
+
+    def message(connection: int, sequence: int) -> Any:
+        user, assistant = turn_lines[(connection + sequence) % len(turn_lines)]
+        return CacheHistory(messages=(HistoryMessage("user", f"{user}（{connection}-{sequence}）"),
+                                      HistoryMessage("assistant", assistant)))
+
+    async def asker(connection: int, turns: int) -> None:
+        for sequence in range(turns):
+            name = character_name(prefix, (connection + sequence * connections) % characters)
+            reply = await system.ref(character_kind_name, name).ask(message(connection, sequence), timeout=120)
+            assert isinstance(reply, HistoryCached), reply
+
+    async def run(turns: int) -> None:
+        async with trio.open_nursery() as nursery:
+            for connection in range(connections):
+                nursery.start_soon(asker, connection, turns)
+
+    # With the outbox held back (a long --outbox-batch-seconds) there is no backlog to wait for.
+    draining = arguments.outbox_batch_seconds is None or arguments.outbox_batch_seconds < backlog_wait_seconds_max
+    await run(max(1, characters // connections + 1))  # activate every character
+    if draining:
+        await wait_for_backlog(engine)
+    turns_per_asker = arguments.in_process_turns or in_process_turns_per_asker
+    total = turns_per_asker * connections
+    with profiled(arguments, "cache_in_process"), PhaseMeter(engine) as meter:
+        loop_began = time.thread_time()
+        await run(turns_per_asker)
+        loop_cpu = time.thread_time() - loop_began
+    with PhaseMeter(engine) as drain:
+        drain_loop_began = time.thread_time()
+        backlog = (await wait_for_backlog(engine))[0] if draining else await outbox_backlog(engine)
+        drain_loop_cpu = time.thread_time() - drain_loop_began
+    figures["in_process_cache"] = {
+        "turns": total,
+        "turns_per_second": round(total / meter.wall_seconds, 1),
+        "cpu_ms_per_turn": round(meter.cpu_seconds / total * 1000, 3),
+        "loop_cpu_ms_per_turn": round(loop_cpu / total * 1000, 3),
+        "drain_cpu_ms_per_turn": round(drain.cpu_seconds / total * 1000, 3),
+        "drain_loop_cpu_ms_per_turn": round(drain_loop_cpu / total * 1000, 3),
+        "cpu_ms_per_turn_drained": round((meter.cpu_seconds + drain.cpu_seconds) / total * 1000, 3),
+        "backlog_left": backlog,
+        "server": meter.figures,
+    }
 
 
 async def query_phase(arguments: argparse.Namespace, env: Any, engine: Any, system: Any, port: int,
@@ -499,11 +580,14 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
     job_times = time_write_jobs() if arguments.job_times else None
     with tempfile.TemporaryDirectory(prefix="troupe-bench-character-") as directory:
         async with trio.open_nursery() as nursery:
-            env, engine, system, port = await start_character(nursery, directory, arguments.embedder)
+            env, engine, system, port = await start_character(nursery, directory, arguments.embedder,
+                                                              arguments.outbox_batch_seconds)
             if arguments.phase in ("all", "cache"):
                 figures.update({"characters": arguments.characters, "connections": arguments.connections,
                                 "cache_seconds": arguments.seconds})
                 await cache_phase(arguments, engine, port, figures)
+            if arguments.phase == "cache_in_process":
+                await cache_in_process_phase(arguments, engine, system, figures)
             if arguments.phase in ("all", "query") and arguments.facts > 0:
                 if arguments.phase == "all":
                     backlog, waited = await wait_for_backlog(engine)
@@ -538,10 +622,15 @@ if __name__ == "__main__":
     parser.add_argument("--fact-characters", type=int, default=1, help="characters loaded with --facts facts")
     parser.add_argument("--query-requests", type=int, default=400)
     parser.add_argument("--query-connections", type=int, default=4)
-    parser.add_argument("--phase", choices=["all", "cache", "query"], default="all")
+    parser.add_argument("--phase", choices=["all", "cache", "query", "cache_in_process"], default="all")
+    parser.add_argument("--in-process-turns", type=int, default=None,
+                        help=f"cache_in_process: turns per asker (default {in_process_turns_per_asker})")
+    parser.add_argument("--outbox-batch-seconds", type=float, default=None,
+                        help="the characters' outbox batching wait (experiment; a large value keeps "
+                             "the post-turn work out of the phase)")
     parser.add_argument("--embedder", choices=["hashed", "none"], default="hashed",
                         help="hashed: troupe serve's offline default; none: BM25-only recall")
-    parser.add_argument("--profile", choices=["cache", "query", "query_time", "time_only", "in_process"], default=None,
+    parser.add_argument("--profile", choices=["cache", "cache_in_process", "query", "query_time", "time_only", "in_process"], default=None,
                         help="cProfile the server during this phase (stderr)")
     parser.add_argument("--profile-sort", default="tottime")
     parser.add_argument("--profile-lines", type=int, default=40)

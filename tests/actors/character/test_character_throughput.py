@@ -121,7 +121,28 @@ async def test_a_turn_during_a_running_extraction_gets_its_own_task(nursery, eng
     assert sorted(texts) == sorted(["我喜欢吃寿司", "我喜欢吃拉面", "我喜欢吃天妇罗"])
 
 
-async def test_a_backlog_past_one_task_continues_in_a_follow_up_task(nursery, engine):
+async def test_after_a_task_the_next_turns_wait_for_the_next_batching_window(nursery, engine):
+    # The runner does not claim, in the same run, the signal turns registered while its task
+    # ran: the next runner waits the window again, and a turn meanwhile joins that task.
+    memory = GatedMemory("post_turn_signal")
+    system, character = await start(nursery, engine, memory=memory, outbox_batch_seconds=0.3)
+    await character.ask(CacheHistory(messages=turn("我喜欢吃寿司")))
+    await memory.started.wait()
+    await character.ask(CacheHistory(messages=turn("我喜欢吃拉面")))
+    memory.gate.set()
+    with trio.fail_after(5):
+        while [state for state, _ in await outbox_rows(engine)] != ["done", "pending"]:
+            await trio.sleep(0.01)
+    await character.ask(CacheHistory(messages=turn("我喜欢吃天妇罗")))  # inside the new window
+    assert [state for state, _ in await outbox_rows(engine)] == ["done", "pending"]
+    await settled_outbox(system)
+    assert [state for state, _ in await outbox_rows(engine)] == ["done", "done"]
+    texts = await engine.read(lambda connection: list_fact_texts(connection, name))
+    assert sorted(texts) == sorted(["我喜欢吃寿司", "我喜欢吃拉面", "我喜欢吃天妇罗"])
+
+
+@pytest.mark.parametrize("batch_seconds", [0, 0.5])
+async def test_a_backlog_past_one_task_continues_in_a_follow_up_task(nursery, engine, batch_seconds):
     from troupe.actors.character import append_time_indexed
 
     now = engine.test_env.clock.wall()
@@ -133,9 +154,11 @@ async def test_a_backlog_past_one_task_continues_in_a_follow_up_task(nursery, en
         append_time_indexed(connection, name, backlog, now)
 
     await engine.write(load)
-    system, character = await start(nursery, engine, outbox_batch_seconds=0)
+    system, character = await start(nursery, engine, outbox_batch_seconds=batch_seconds)
     await character.ask(CacheHistory(messages=(HistoryMessage("user", "我喜欢最后一号"),)))
-    await settled_outbox(system)
+    # With batching on, the continuations follow in the same run: no window between them.
+    with trio.fail_after(1.5):
+        await settled_outbox(system)
     rows = await outbox_rows(engine)
     # One extraction adds at most ``facts_per_extraction_max`` facts and its cursor stops
     # there; continuations take the rest, so no stated fact is dropped.

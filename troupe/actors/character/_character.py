@@ -144,15 +144,22 @@ released_claim_tokens_max = 4_096
 """Released or removed claim tokens remembered per character (to refuse their replay)."""
 waiters_max = 1_000
 """Requests that may wait for one character's settle lock at once."""
+post_turn_kind = "post_turn_signal"
+"""The outbox kind every ``/cache``, ``/process``, ``/renew`` and ``/settle`` registers."""
 outbox_tasks_per_run_max = 32
 """Tasks one runner claims before it yields (the next run starts from the task-ended turn)."""
 outbox_task_seconds_max = 300.0
-outbox_batch_seconds = 0.2
+"""One task's work (model calls); longer is a failed attempt."""
+outbox_batch_seconds = 1.0
 """A runner started while the character is not settling waits this long before its first
 claim, so that the post-turn signals of the turns meanwhile coalesce into one pending task
 (one claim, one extraction, one completion for all of them).  A renew or settle cuts the wait
-short: the settle lock never waits for batching."""
-"""One task's work (model calls); longer is a failed attempt."""
+short: the settle lock never waits for batching.  Nor does a runner claim, after its first
+task, a post-turn signal that turns registered meanwhile (only a continuation of a capped
+extraction): it ends, and the next runner waits again.  Under the bench (100 characters, a
+few turns a second each) 0.2 s gave 0.79 tasks per turn; the post-turn work is per task, so
+the window sets its cost per turn.  The contract puts no extraction in the request path and
+no deadline on it."""
 character_mailbox_messages_max = 256
 task_id_prefix = "task_"
 memory_loop_reminder_name = "memory_loop"
@@ -296,6 +303,17 @@ class OutboxIdle:
 
     tasks: tuple[OutboxTask, ...]
     changes: int = 0
+
+
+@dataclass(frozen=True)
+class ContinuedExtraction:
+    """A post-turn extraction's effects when it stopped at its cap and registered a
+    continuation: the runner claims that continuation at once (a backlog is not batched)."""
+
+    effects: Effects
+
+    def __call__(self, connection: apsw.Connection) -> None:
+        self.effects(connection)
 
 
 @dataclass(frozen=True)
@@ -657,7 +675,7 @@ class CharacterActor(Actor):
         them again.  Runs outside turns: it reads the actor's state only between awaits.
         Returns ``None`` when it stopped for another reason (the turn then reads)."""
         storage = self.context.storage
-        if self.settings.outbox_batch_seconds > 0 and not self.settling:
+        if self._batching():
             with trio.move_on_after(self.settings.outbox_batch_seconds) as self.outbox_batching:
                 await trio.sleep_forever()
             self.outbox_batching = None
@@ -667,6 +685,10 @@ class CharacterActor(Actor):
         while True:
             more = ran < self.settings.outbox_tasks_per_run_max
             kinds = self._claimable_kinds() if more else ()
+            if ran and not isinstance(outcome, ContinuedExtraction) and self._batching():
+                # The turns' signal registered while this task ran waits for the next
+                # runner's batching wait (see ``outbox_batch_seconds``).
+                kinds = tuple(kind for kind in kinds if kind != post_turn_kind)
             changes = self.outbox_changes
             job = self._finish_and_claim(finished, outcome, kinds, self._reminder_now())
             try:
@@ -693,6 +715,9 @@ class CharacterActor(Actor):
                     self.running_task = None
             finished = task
             ran += 1
+
+    def _batching(self) -> bool:
+        return self.settings.outbox_batch_seconds > 0 and not self.settling
 
     async def _work(self, task: OutboxTask) -> Effects | TaskFailure | None:
         """One task's work (model calls, reads): its effects, or the failed attempt."""
@@ -1328,7 +1353,7 @@ class StoreMemory:
                               payload={"route": "continuation"}, generation=port.generation, now=now,
                               coalesce_pending=True)
 
-        return effects
+        return effects if continuation is None else ContinuedExtraction(effects)
 
     async def query_memory(self, port: CharacterPort, query: str | None, time: str | None) -> Any:
         from ._recall import query_memory
