@@ -36,6 +36,9 @@ startup_seconds_max = 60.0
 
 def clean_environment(**extra: str) -> dict[str, str]:
     environment = {name: value for name, value in os.environ.items() if not name.startswith("TROUPE_")}
+    # A served knowledge surface would otherwise announce on every network and claim the
+    # user's D-Bus session name (their defaults under `troupe serve`); tests stay local.
+    environment.update(TROUPE_KNOWLEDGE_DISCOVERY="off", TROUPE_KNOWLEDGE_DBUS="off")
     environment.update(extra)
     return environment
 

@@ -30,6 +30,7 @@ from troupe.runtime import ActorSystem, RestartIntensity, Tracer, no_fault_point
 from troupe.runtime import _limits as runtime_limits
 from troupe.storage import Engine, FaultPlan, FaultyVFS, StorageError
 
+from ._devices import multi_device, simulate_devices
 from ._server import SimServer
 from ._sim_env import sim_env
 from ._swarm import (
@@ -192,8 +193,13 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
     migrations = [*server.migrations(), *(migration for workload in workloads for migration in workload.migrations())]
     lifetime = _Lifetime(server, config, settings, world, workloads, migrations, fault_plan, vfs, fault_points,
                          decisions, result)
+    devices_run = None
     try:
-        while True:
+        if multi_device(workloads):
+            # Several devices (``_devices``): a run of its own; single-server runs are unchanged.
+            devices_run = await simulate_devices(config, data_dir, sink, workloads, result, settings, tracer,
+                                                 fault_points, decisions)
+        while devices_run is None:
             world.generation += 1
             result.process_lifetimes += 1
             if world.generation > generations_max:
@@ -216,6 +222,9 @@ async def _simulate(config: SimulationConfig, data_dir: str, sink: BinaryIO | No
     result.io_errors = fault_plan.io_errors_injected
     result.disk_full = fault_plan.disk_full_injected
     result.clock_jumps = env.clock.jumps
+    if devices_run is not None:
+        result.io_errors, result.disk_full = devices_run.io_errors, devices_run.disk_full
+        result.clock_jumps = devices_run.clock_jumps
     result.runtime_faults = dict(fault_points.injected) if fault_points is not None else {}
     result.faults_injected = (result.process_crashes + result.io_errors + result.disk_full
                               + result.clock_jumps + sum(result.runtime_faults.values()))

@@ -88,6 +88,7 @@ def _load_builtin_workloads() -> None:
         _bank,
         _character_workload,
         _host_workload,
+        _knowledge_sync_workload,
         _knowledge_workload,
         _registers,
         _sessions_api_workload,

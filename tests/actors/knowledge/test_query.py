@@ -133,3 +133,81 @@ async def test_top_k_outside_the_limits_is_our_bug(nursery, tmp_path, top_k):
     answer = await query_knowledge(bench.engine, bench.index, bench.env, "x", scope=None,
                                    top_k=query_top_k_max)
     assert answer.source_knowledge is None
+
+
+class _CountingConnection:
+    """Counts the entity rows ``graph_list`` reads (its per-name lookups)."""
+
+    def __init__(self, connection) -> None:
+        self.connection = connection
+        self.entity_rows = 0
+
+    def execute(self, sql: str, parameters=()):
+        rows = list(self.connection.execute(sql, parameters))
+        if "FROM knowledge_entities WHERE name = ?" in sql:
+            self.entity_rows += len(rows)
+        return iter(rows)
+
+
+@pytest.mark.parametrize("names", [1, 2, 16])
+async def test_the_graph_list_reads_a_bounded_number_of_entity_rows(nursery, tmp_path, names):
+    """However common the names a query matches, the graph list reads at most
+    ``graph_candidate_rows_max`` entity rows (matched names and neighbours together)."""
+    from troupe.actors.knowledge._query import (
+        graph_candidate_rows_max,
+        graph_list,
+        graph_rows_per_entity_max,
+    )
+
+    from .store_helpers import open_knowledge_engine
+
+    engine = await open_knowledge_engine(nursery, tmp_path)
+    per_name = graph_candidate_rows_max + 1  # each name alone is over the total budget
+    people = [f"Person{number:02d}" for number in range(names)]
+
+    def load(connection) -> None:
+        for number in range(per_name):
+            knowledge_id = f"knw_{number:05d}"
+            connection.execute(
+                "INSERT INTO knowledge_items (id, scope, status, version, title, body_json, created_at, updated_at) "
+                "VALUES (?, 'user:alice', 'ACTIVE', 1, ?, '{}', ?, ?)",
+                (knowledge_id, knowledge_id, base_time, base_time + number))
+            for person in people:
+                connection.execute("INSERT INTO knowledge_entities (knowledge_id, name) VALUES (?, ?)",
+                                   (knowledge_id, person))
+        connection.execute("INSERT INTO knowledge_relations (knowledge_id, position, source, target, type) "
+                           "VALUES ('knw_00000', 0, ?, 'Neighbour', 'KNOWS')", (people[0],))
+        connection.execute("INSERT INTO knowledge_entities (knowledge_id, name) VALUES ('knw_00000', 'Neighbour')")
+
+    await engine.write(load)
+
+    def read(connection):
+        counting = _CountingConnection(connection)
+        ranked = graph_list(counting, " ".join(people), scopes=frozenset({"user:alice"}), clean_only=True,
+                            window=None)
+        return counting.entity_rows, ranked
+
+    rows, ranked = await engine.read(read)
+    assert rows <= graph_candidate_rows_max
+    assert rows >= min(graph_candidate_rows_max, names * graph_rows_per_entity_max) - names
+    assert ranked and ranked[0] == f"knw_{per_name - 1:05d}"  # the newest ids first
+
+
+async def test_an_item_committed_but_not_yet_indexed_is_in_no_list(nursery, tmp_path):
+    """Structuring commits an item's rows, then indexes it.  In between, the graph list (which
+    reads the rows) used to return it while the text index did not: /memory/query cited an
+    item a forget plan could not find.  Now every list sees it from its index entry on."""
+    from troupe.actors.knowledge._structuring import structure_evidence
+
+    class NotYet:
+        async def refresh(self, knowledge_ids, *, reindex: bool = False) -> int:
+            return 0
+
+    bench = await open_bench(nursery, tmp_path)
+    evidence_id = await bench.evidence(bill, scope="shared:home", source_type="OCR")
+    item = await structure_evidence(bench.engine, NotYet(), bench.env, evidence_id)
+    assert await bench.rows("SELECT id FROM knowledge_items") == [(item.knowledge_id,)]
+    assert await bench.index.recall("国家电网", scopes=frozenset({"shared:home"}), limit=5) == []
+    await bench.index.refresh([item.knowledge_id])
+    candidates = await bench.index.recall("国家电网", scopes=frozenset({"shared:home"}), limit=5)
+    assert candidates[0].knowledge_id == item.knowledge_id and candidates[0].ranks.get("graph") == 1

@@ -158,7 +158,7 @@ async def test_same_key_same_payload_replays_the_first_response_across_a_restart
     assert again.replayed and again.evidence is None
     assert again.response_json == first.response_json  # byte for byte, latency included
     assert await evidence_count(engine) == 1
-    receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key))
+    receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
     assert receipt.state == receipt_state_completed and receipt.completed_at == base_time
     await engine.aclose()
 
@@ -169,6 +169,44 @@ async def test_same_key_different_payload_is_an_idempotency_conflict(engine):
     assert outcome.refusal.code == code_idempotency_conflict
     assert outcome.refusal.status == 409
     assert await evidence_count(engine) == 1
+
+
+async def test_keys_are_per_scope_so_another_scope_never_sees_them(engine):
+    """The same key in another scope is another request (no 409 that would leak what the
+    first scope holds); each scope replays its own first response."""
+    first = await write(engine, conversation(), "evd_1")
+    other = dict(conversation("另一个作用域的内容"), scope="user:bob")
+    second = await write(engine, other, "evd_2")
+    assert second.refusal is None and not second.replayed and second.evidence.id == "evd_2"
+    again = await write(engine, other, "evd_3")
+    assert again.replayed and again.response_json == second.response_json
+    assert (await write(engine, conversation(), "evd_4")).response_json == first.response_json
+    assert await evidence_count(engine) == 2
+    receipts = await engine.read(lambda c: [
+        receipt_get(c, receipt_namespace_write, key, scope=name).scope for name in (scope, "user:bob")])
+    assert receipts == [scope, "user:bob"]
+    assert await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope="user:carol")) is None
+
+
+async def test_the_per_scope_migration_keeps_every_receipt(nursery, tmp_path):
+    """Migration 3 re-keys the receipts table; rows written under migration 2 survive it."""
+    from troupe.actors.knowledge import knowledge_migrations
+    from troupe.storage import Engine
+
+    from .store_helpers import knowledge_engine_env
+
+    env = knowledge_engine_env(tmp_path)
+    old = await Engine.open(env, nursery=nursery, migrations=list(knowledge_migrations[:2]))
+    await old.write(lambda c: c.execute(
+        "INSERT INTO knowledge_receipts (namespace, key, scope, operation, request_hash, state, "
+        "response_json, created_at, updated_at, recovery_count) VALUES "
+        "('write', ?, ?, 'MEMORY_WRITE', 'h', 'COMPLETED', '{}', 1, 2, 1)", (key, scope)))
+    await old.aclose()
+    engine = await Engine.open(env, nursery=nursery, migrations=list(knowledge_migrations))
+    receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
+    assert (receipt.state, receipt.response_json, receipt.recovery_count, receipt.updated_at) == (
+        receipt_state_completed, "{}", 1, 2.0)
+    await engine.aclose()
 
 
 async def test_writes_without_a_key_take_no_receipt(engine):
@@ -199,7 +237,7 @@ async def test_namespaces_keep_write_update_and_lifecycle_apart(engine):
                                    "tier": "SHORT_TERM", "status": "ACTIVE",
                                    "expires_at": int(base_time) + 86_400}
     states = await engine.read(lambda c: [
-        (receipt_get(c, namespace, key) or None) and receipt_get(c, namespace, key).state
+        (receipt_get(c, namespace, key, scope=scope) or None) and receipt_get(c, namespace, key, scope=scope).state
         for namespace in (receipt_namespace_write, receipt_namespace_update,
                           receipt_namespace_lifecycle)])
     assert states == [receipt_state_completed, None, receipt_state_completed]
@@ -223,7 +261,7 @@ async def fail(engine, request: dict, *, now: float = base_time, error: str = "b
 async def recover(engine, request: dict, *, operation: str = operation_memory_write,
                   reason: str = "已核验首次执行未完成下游写入", now: float = base_time + 100):
     return await engine.write(lambda c: receipt_recover(
-        c, operation, key, request_hash=hash_of(request), reason=reason, now=now))
+        c, operation, key, scope=scope, request_hash=hash_of(request), reason=reason, now=now))
 
 
 async def test_a_request_still_in_progress_is_refused_and_fails_after_a_restart(
@@ -273,7 +311,7 @@ async def test_recovery_authorises_exactly_one_retry_consumed_by_the_identical_r
     engine = await open_knowledge_engine(nursery, tmp_path)  # the authorisation is durable
     retried = await write(engine, conversation(), "evd_1", now=base_time + 200)
     assert retried.recovered and retried.evidence.id == "evd_1"
-    after = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key))
+    after = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
     assert after.state == receipt_state_completed
     assert (after.recovery_count, after.recovery_reason, after.recovered_at,
             after.retry_consumed_at) == (1, "已核验首次执行未完成", base_time + 100,
@@ -315,17 +353,17 @@ async def test_recovery_of_an_unknown_key_is_not_found_and_namespaces_matter(eng
     assert (refused.code, refused.status) == (code_idempotency_not_found, 404)
     await fail(engine, conversation())
     other = await engine.write(lambda c: receipt_recover(
-        c, operation_memory_update, key, request_hash=hash_of(conversation()),
+        c, operation_memory_update, key, scope=scope, request_hash=hash_of(conversation()),
         reason="核验过了", now=base_time))
     assert other.code == code_idempotency_not_found
-    assert await engine.read(lambda c: receipt_get(c, receipt_namespace_update, key)) is None
+    assert await engine.read(lambda c: receipt_get(c, receipt_namespace_update, key, scope=scope)) is None
 
 
 async def test_failure_never_touches_a_completed_receipt_or_another_payload(engine):
     first = await write(engine, conversation(), "evd_1")
     assert await fail(engine, conversation()) is None
     assert await fail(engine, conversation("别的")) is None
-    receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key))
+    receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
     assert receipt.state == receipt_state_completed
     assert receipt.response_json == first.response_json
 
@@ -337,9 +375,9 @@ async def test_failure_errors_are_bounded(engine):
 
 async def test_check_is_read_only(engine):
     decision = await engine.read(lambda c: receipt_check(
-        c, receipt_namespace_write, key, hash_of(conversation())))
+        c, receipt_namespace_write, key, hash_of(conversation()), scope=scope))
     assert decision.action == "proceed" and decision.receipt is None
-    assert await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key)) is None
+    assert await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope)) is None
 
 
 # -- uncertain commits ---------------------------------------------------------------------

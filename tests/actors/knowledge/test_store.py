@@ -20,6 +20,7 @@ from troupe.actors.knowledge import (
     _sensitivity,
     _store,
     conflict_status_for_knowledge,
+    conflicts_list_max,
     create_knowledge,
     entities_per_knowledge_max,
     evidence_ids_for_knowledge,
@@ -297,7 +298,7 @@ async def test_an_update_bumps_the_version_with_a_new_evidence_and_replays(nurse
     assert (await engine.read(lambda c: get_knowledge(c, "knw_1"))).version == 2
     assert await engine.read(lambda c: get_evidence(c, "evd_u2")) is None
     receipt = await engine.read(lambda c: receipt_get(
-        c, receipt_namespace_update, "update-session-01-turn-04"))
+        c, receipt_namespace_update, "update-session-01-turn-04", scope=home))
     assert receipt.state == "COMPLETED"
     await engine.aclose()
 
@@ -321,7 +322,7 @@ async def test_update_refusals_write_nothing_not_even_the_receipt(engine):
     assert (outcome.refusal.code, outcome.refusal.status) == ("KNOWLEDGE_NOT_ACTIVE", 409)
     assert await engine.read(lambda c: get_evidence(c, "evd_u")) is None
     assert await engine.read(lambda c: receipt_get(
-        c, receipt_namespace_update, "update-session-01-turn-04")) is None
+        c, receipt_namespace_update, "update-session-01-turn-04", scope=home)) is None
 
 
 async def test_two_updates_from_the_same_version_one_wins(engine):
@@ -463,6 +464,25 @@ async def test_conflicts_derive_severity_and_track_pending_manual_ones(engine):
     assert (merged.severity, merged.pending) == ("low", False)
     assert await engine.read(lambda c: manual_conflicts_pending(c)) == 0
     assert await engine.read(lambda c: list_conflicts(c, alice)) == []
+
+
+async def test_the_conflict_list_stops_at_its_limit_newest_first(engine):
+    """``/conflicts`` has no ``limit`` parameter: the store answers the newest
+    ``conflicts_list_max``, whatever a caller asks for (at the limit, and one over it)."""
+    await add_item(engine)
+
+    def insert(c, first: int, count: int) -> None:
+        for number in range(first, first + count):
+            insert_conflict(c, conflict_id=f"cfl_{number:04d}", knowledge_id="knw_1", field="title",
+                            old_value="a", new_value="b", resolution="MERGE", now=base_time + number)
+
+    await engine.write(lambda c: insert(c, 0, conflicts_list_max))
+    listed = await engine.read(lambda c: list_conflicts(c, home))
+    assert len(listed) == conflicts_list_max
+    await engine.write(lambda c: insert(c, conflicts_list_max, 1))
+    listed = await engine.read(lambda c: list_conflicts(c, home, limit=conflicts_list_max + 100))
+    assert len(listed) == conflicts_list_max
+    assert listed[0][0].id == f"cfl_{conflicts_list_max:04d}" and listed[-1][0].id == "cfl_0001"
 
 
 # -- forgetting ----------------------------------------------------------------------------

@@ -174,3 +174,33 @@ async def test_reconciliation_repairs_a_crash_before_indexing(nursery, tmp_path)
     # The new registry shares the process's MemoryIndex, re-adds the item once.
     hits = await fresh.recall("国家电网", scopes=frozenset({"shared:home"}), limit=5)
     assert [hit.knowledge_id for hit in hits] == [result.knowledge_id]
+
+
+async def test_a_batch_is_structured_with_one_index_refresh_before_its_events(nursery, tmp_path, monkeypatch):
+    """``RecallStructurer.structure_batch``: each evidence its own write, ONE index refresh for
+    the batch, then the events (an announced item is already searchable)."""
+    from types import SimpleNamespace
+
+    from troupe.actors.knowledge import MemoryReady, RecallStructurer
+
+    bench = await open_bench(nursery, tmp_path)
+    notes = [{"title": f"项目{name}周报", "body": {"text": f"{name}负责的部分已经完成"}} for name in ("张伟", "王芳", "李娜")]
+    evidence_ids = [await bench.evidence(note) for note in notes]
+    calls: list[list[str]] = []
+    refresh = type(bench.index).refresh
+
+    async def counted(self, knowledge_ids, *, reindex: bool = False) -> int:
+        calls.append(list(knowledge_ids))
+        return await refresh(self, knowledge_ids, reindex=reindex)
+
+    monkeypatch.setattr(type(bench.index), "refresh", counted)
+    context = SimpleNamespace(storage=bench.engine, env=bench.env)
+    outcomes = await RecallStructurer().structure_batch(context, [*evidence_ids, "evd_missing"])
+    assert len(calls) == 1 and len(calls[0]) == 3
+    assert outcomes[-1] == ()
+    ready = [events[0] for events in outcomes[:-1]]
+    assert all(isinstance(event, MemoryReady) for event in ready)
+    assert [event.evidence_id for event in ready] == evidence_ids
+    found = await bench.index.recall("王芳", scopes=frozenset({"user:alice"}), limit=5)
+    assert ready[1].knowledge_id in [candidate.knowledge_id for candidate in found]
+    assert await bench.rows("SELECT COUNT(*) FROM knowledge_structuring") == [(0,)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from troupe.actors.knowledge import knowledge_indexes
+
 from ._knowledge_harness import assert_error, bill, conversation, wait_until
 
 
@@ -18,6 +20,14 @@ async def _written(client, knowledge_server, body, *, searchable_by: str | None 
         return None if row is None else row[0]
 
     knowledge_id = await wait_until(linked)
+
+    async def held():
+        # Recall sees an item once the index holds it (what memory_ready announces), not
+        # when its rows commit.
+        index = knowledge_indexes.opened(knowledge_server.engine)
+        return True if index is not None and index.holds(knowledge_id) else None
+
+    await wait_until(held)
 
     async def indexed():
         # Structuring commits the link, then refreshes the recall index: reads that search
@@ -111,15 +121,11 @@ async def test_preferences_are_extracted_listed_and_versioned(client):
 
 async def test_forget_plans_then_removes_for_good(client, knowledge_server):
     evidence_id, knowledge_id = await _written(client, knowledge_server, bill(), searchable_by="国家电网 水电燃气")
-    async def planned_with_target():
-        # KNOWN RACE (issue 10 stays open on it): right after structuring, a forget plan
-        # sometimes finds no target although /memory/query already cites the item; the plan
-        # is asked again until it does (bounded), so the rest of the contract is still tested.
-        plan = await client.post("/forget", json={"command": "忘记那张2026年4月家庭支出清单", "confirm": False})
-        assert plan.status_code == 200, plan.text
-        return plan.json() if plan.json()["targets"] else None
-
-    planned = await wait_until(planned_with_target)
+    # Asked once, no retry: an item /memory/query cites is one the index holds (the graph list
+    # keeps only indexed items), so the forget plan's recall finds it too.
+    plan = await client.post("/forget", json={"command": "忘记那张2026年4月家庭支出清单", "confirm": False})
+    assert plan.status_code == 200, plan.text
+    planned = plan.json()
     assert [target["id"] for target in planned["targets"]] == [knowledge_id]
     assert planned["cascade"]["evidence_count"] == 1 and planned["irreversible"] is True
     done = await client.post("/forget", json={"command": "忘记那张2026年4月家庭支出清单", "confirm": True})

@@ -297,6 +297,7 @@ from ._schema import (
     knowledge_schema_version,
 )
 from ._scope_actor import (
+    BatchStructurer,
     KnowledgeIndexPort,
     KnowledgeScopeActor,
     RecallIndexRefresher,
@@ -492,6 +493,7 @@ __all__ = [
     "AgentContextItem",
     "ArchiveKnowledge",
     "BackendCapability",
+    "BatchStructurer",
     "BuildAgentContext",
     "BuildDigest",
     "Candidate",

@@ -11,8 +11,8 @@ Digest: one local calendar day (``date`` strictly ``YYYY-MM-DD``, default today 
 server's zone), its capture-log counts (only ``ingested`` counts as new memories, grouped by
 source; ``sensitive_quarantined`` counted apart; ``ignored``/``state_changed`` not at all),
 rendered by a template from counts only — no event's own text ever reaches the summary.  The
-capture log arrives with the monitor issue; until then the counts come from the caller
-(``DigestCounts``) and an empty day says "当日无新记忆".
+counts come from the caller (``DigestCounts``; the HTTP read side reads them from the monitor's
+log with ``troupe.actors.knowledge.monitor.day_counts``) and an empty day says "当日无新记忆".
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ error_statuses: dict[str, int] = {
     "KNOWLEDGE_NOT_ACTIVE": 409,
     # Overload of a bounded mailbox (design: 503 with Retry-After).
     "OVERLOADED": 503,
+    # §3.4: no OCR engine installed.
+    "OCR_UNAVAILABLE": 503,
 }
 
 

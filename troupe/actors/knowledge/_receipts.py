@@ -10,7 +10,7 @@ receipt, write the rows and complete the receipt with the response in ONE job, s
 uncertain commit resolves to exactly one evidence per key: either everything committed (the
 retry replays the stored response) or nothing did (the retry runs afresh).
 
-The state machine, per ``(namespace, key)``:
+The state machine, per ``(scope, namespace, key)``:
 
     (absent) --take--> IN_PROGRESS --complete--> COMPLETED        (replayed forever after)
                            |
@@ -18,6 +18,11 @@ The state machine, per ``(namespace, key)``:
                                                   ^                      |
                                                   +---fail--- IN_PROGRESS <--take (identical request)
 
+- Keys are per scope (schema migration 3): a scope is a hard filter everywhere in the
+  contract, and the same key in another scope is another request, never a 409 that would tell
+  one scope's caller what another scope holds (``/memory/update`` answers 404 for another
+  scope's item for the same reason).  It also keeps each receipt with its one writer, the
+  scope's actor.
 - Namespaces keep the three endpoints apart (``write``, ``update`` and ``lifecycle``): the same
   external key may be used by a turn's write and its lifecycle event (contract §3.2b); the
   update namespace is the contract's ``update:<key>``.
@@ -239,12 +244,13 @@ def _receipt(row: tuple) -> Receipt:
     return Receipt(*row)
 
 
-def receipt_get(connection: apsw.Connection, namespace: str, key: str) -> Receipt | None:
-    """The receipt of ``(namespace, key)``, or ``None``."""
+def receipt_get(connection: apsw.Connection, namespace: str, key: str, *,
+                scope: str) -> Receipt | None:
+    """The receipt of ``(scope, namespace, key)``, or ``None``."""
     assert namespace in receipt_namespaces, namespace
     row = connection.execute(
-        f"SELECT {_columns} FROM knowledge_receipts WHERE namespace = ? AND key = ?",
-        (namespace, key)).fetchone()
+        f"SELECT {_columns} FROM knowledge_receipts WHERE scope = ? AND namespace = ? AND key = ?",
+        (scope, namespace, key)).fetchone()
     return None if row is None else _receipt(row)
 
 
@@ -253,9 +259,9 @@ def _refuse(receipt: Receipt, code: str, message: str, status: int = 409) -> Rec
 
 
 def receipt_check(connection: apsw.Connection, namespace: str, key: str,
-                  request_hash: str) -> ReceiptDecision:
+                  request_hash: str, *, scope: str) -> ReceiptDecision:
     """The decision for a request, without changing anything (any job or read)."""
-    receipt = receipt_get(connection, namespace, key)
+    receipt = receipt_get(connection, namespace, key, scope=scope)
     if receipt is None:
         return ReceiptDecision(decision_proceed)
     shown = receipt_key_text(namespace, key)
@@ -281,14 +287,14 @@ def receipt_take(connection: apsw.Connection, namespace: str, key: str, *, scope
     or consuming a retry authorisation).  Call it inside the job that does the work and
     completes the receipt, so the take, the work and the completion commit together."""
     assert operation_namespaces.get(operation) == namespace, (operation, namespace)
-    decision = receipt_check(connection, namespace, key, request_hash)
+    decision = receipt_check(connection, namespace, key, request_hash, scope=scope)
     if decision.action != decision_proceed:
         return decision
     if decision.recovered:
         connection.execute(
             "UPDATE knowledge_receipts SET state = ?, updated_at = ?, retry_consumed_at = ?, "
-            "error = NULL WHERE namespace = ? AND key = ? AND state = ?",
-            (receipt_state_in_progress, now, now, namespace, key,
+            "error = NULL WHERE scope = ? AND namespace = ? AND key = ? AND state = ?",
+            (receipt_state_in_progress, now, now, scope, namespace, key,
              receipt_state_retry_authorized))
         assert connection.changes() == 1
     else:
@@ -297,19 +303,20 @@ def receipt_take(connection: apsw.Connection, namespace: str, key: str, *, scope
             "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (namespace, key, scope, operation, request_hash, receipt_state_in_progress,
              now, now))
-    taken = receipt_get(connection, namespace, key)
+    taken = receipt_get(connection, namespace, key, scope=scope)
     return ReceiptDecision(decision_proceed, taken, recovered=decision.recovered)
 
 
 def receipt_complete(connection: apsw.Connection, namespace: str, key: str,
-                     response: Mapping[str, Any], now: float) -> str:
+                     response: Mapping[str, Any], now: float, *, scope: str) -> str:
     """Store the first response of an IN_PROGRESS receipt and mark it COMPLETED; returns the
     exact response text to send (see ``response_json_text``)."""
     text = response_json_text(response)
     connection.execute(
         "UPDATE knowledge_receipts SET state = ?, response_json = ?, completed_at = ?, "
-        "updated_at = ?, error = NULL WHERE namespace = ? AND key = ? AND state = ?",
-        (receipt_state_completed, text, now, now, namespace, key, receipt_state_in_progress))
+        "updated_at = ?, error = NULL WHERE scope = ? AND namespace = ? AND key = ? AND state = ?",
+        (receipt_state_completed, text, now, now, scope, namespace, key,
+         receipt_state_in_progress))
     assert connection.changes() == 1, f"receipt {namespace}:{key} was not in progress"
     return text
 
@@ -323,7 +330,7 @@ def receipt_fail(connection: apsw.Connection, namespace: str, key: str, *, scope
     one bound to another hash alone (returns ``None`` then)."""
     assert operation_namespaces.get(operation) == namespace, (operation, namespace)
     error = error[:receipt_error_characters_max]
-    receipt = receipt_get(connection, namespace, key)
+    receipt = receipt_get(connection, namespace, key, scope=scope)
     if receipt is None:
         connection.execute(
             "INSERT INTO knowledge_receipts (namespace, key, scope, operation, request_hash, "
@@ -331,7 +338,7 @@ def receipt_fail(connection: apsw.Connection, namespace: str, key: str, *, scope
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (namespace, key, scope, operation, request_hash, receipt_state_failed, error,
              now, now, now))
-        return receipt_get(connection, namespace, key)
+        return receipt_get(connection, namespace, key, scope=scope)
     if receipt.request_hash != request_hash or receipt.state == receipt_state_completed:
         return None
     consumed_at = receipt.retry_consumed_at
@@ -340,9 +347,9 @@ def receipt_fail(connection: apsw.Connection, namespace: str, key: str, *, scope
         consumed_at = now
     connection.execute(
         "UPDATE knowledge_receipts SET state = ?, error = ?, failed_at = ?, updated_at = ?, "
-        "retry_consumed_at = ? WHERE namespace = ? AND key = ?",
-        (receipt_state_failed, error, now, now, consumed_at, namespace, key))
-    return receipt_get(connection, namespace, key)
+        "retry_consumed_at = ? WHERE scope = ? AND namespace = ? AND key = ?",
+        (receipt_state_failed, error, now, now, consumed_at, scope, namespace, key))
+    return receipt_get(connection, namespace, key, scope=scope)
 
 
 def receipts_fail_in_progress(connection: apsw.Connection, *, scope: str, error: str,
@@ -358,14 +365,14 @@ def receipts_fail_in_progress(connection: apsw.Connection, *, scope: str, error:
     return connection.changes()
 
 
-def receipt_recover(connection: apsw.Connection, operation: str, key: str, *,
+def receipt_recover(connection: apsw.Connection, operation: str, key: str, *, scope: str,
                     request_hash: str, reason: str, now: float) -> ReceiptDecision:
     """Authorise exactly one retry of a FAILED receipt (contract §3.2c).  ``proceed`` carries
     the updated receipt (``RETRY_AUTHORIZED``, ``recovery_count`` + 1, ``recovery_reason``
     trimmed, ``recovered_at`` = ``now``); ``refuse`` carries 404/409 and changes nothing."""
     assert recovery_reason_problem(reason) is None, reason
     namespace = operation_namespaces[operation]
-    receipt = receipt_get(connection, namespace, key)
+    receipt = receipt_get(connection, namespace, key, scope=scope)
     shown = receipt_key_text(namespace, key)
     if receipt is None:
         return ReceiptDecision(decision_refuse, None, code=code_idempotency_not_found,
@@ -385,11 +392,11 @@ def receipt_recover(connection: apsw.Connection, operation: str, key: str, *,
     connection.execute(
         "UPDATE knowledge_receipts SET state = ?, recovery_count = recovery_count + 1, "
         "recovery_reason = ?, recovered_at = ?, updated_at = ? "
-        "WHERE namespace = ? AND key = ? AND state = ?",
-        (receipt_state_retry_authorized, reason.strip(), now, now, namespace, key,
+        "WHERE scope = ? AND namespace = ? AND key = ? AND state = ?",
+        (receipt_state_retry_authorized, reason.strip(), now, now, scope, namespace, key,
          receipt_state_failed))
     assert connection.changes() == 1
-    return ReceiptDecision(decision_proceed, receipt_get(connection, namespace, key))
+    return ReceiptDecision(decision_proceed, receipt_get(connection, namespace, key, scope=scope))
 
 
 def recovery_response(receipt: Receipt) -> dict[str, Any]:

@@ -28,6 +28,7 @@ Migration 2 adds the indexes two hot reads need: a scope actor's due structuring
 (``scope, available_at``: every scope actor asks for its own, and without the index each
 asks by scanning every scope's queue), and structuring's same-subject lookup
 (``knowledge_items (scope, title)``: one probe per write instead of a scan of the scope).
+Migration 3 keys receipts by ``(scope, namespace, key)``: idempotency keys are per scope.
 """
 
 from __future__ import annotations
@@ -199,11 +200,42 @@ knowledge_lookup_indexes_sql = """
     CREATE INDEX knowledge_items_by_title ON knowledge_items (scope, title);
 """
 
+knowledge_receipts_per_scope_sql = """
+    CREATE TABLE knowledge_receipts_per_scope (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        state TEXT NOT NULL,
+        response_json TEXT,
+        error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        completed_at REAL,
+        failed_at REAL,
+        recovery_count INTEGER NOT NULL DEFAULT 0,
+        recovery_reason TEXT,
+        recovered_at REAL,
+        retry_consumed_at REAL,
+        PRIMARY KEY (scope, namespace, key)
+    ) WITHOUT ROWID;
+    INSERT INTO knowledge_receipts_per_scope SELECT namespace, key, scope, operation, request_hash, state,
+        response_json, error, created_at, updated_at, completed_at, failed_at, recovery_count,
+        recovery_reason, recovered_at, retry_consumed_at FROM knowledge_receipts;
+    DROP TABLE knowledge_receipts;
+    ALTER TABLE knowledge_receipts_per_scope RENAME TO knowledge_receipts;
+    CREATE INDEX knowledge_receipts_by_state ON knowledge_receipts (scope, state);
+"""
+"""Migration 3: idempotency keys are per scope (``_receipts``); the rows keep their values."""
+
 knowledge_migrations: tuple[Migration, ...] = (
     Migration(component=knowledge_component, number=1, name="knowledge store",
               sql=knowledge_tables_sql),
     Migration(component=knowledge_component, number=2, name="knowledge lookup indexes",
               sql=knowledge_lookup_indexes_sql),
+    Migration(component=knowledge_component, number=3, name="idempotency receipts per scope",
+              sql=knowledge_receipts_per_scope_sql),
 )
 knowledge_schema_version = len(knowledge_migrations)
 """The number of the newest knowledge migration (``/version`` and ``/health`` report it)."""

@@ -24,7 +24,10 @@ A write, in order (contract §3.1):
    announces ``memory_ready`` and ``conflict_detected`` through the events hub.  The queue and
    the reminder are durable: after a crash the reminder re-activates the actor, which runs
    what is left.  On activation, receipts still IN_PROGRESS (left by a crashed incarnation)
-   turn FAILED.
+   turn FAILED.  A run takes up to ``scope_structuring_batch_max`` queued rows at once: a
+   ``BatchStructurer`` (the default) writes each one's knowledge and then refreshes the index
+   once for all of them before announcing any, and one job finishes the batch's tasks, so
+   the per-evidence cost is its own write and nothing else.
 
 Updates and lifecycle events follow the same shape with their own receipt namespaces.  An
 update also records, in its write job, one conflict row per changed body field
@@ -159,9 +162,37 @@ class Structurer(Protocol):
     async def structure(self, context: ActorContext, evidence_id: str) -> Sequence[Any]: ...
 
 
+class BatchStructurer(Protocol):
+    """A ``Structurer`` that also structures several evidence rows at once, sharing what can
+    be shared (one index refresh for the batch).  Returns, per evidence and in order, its
+    events or the exception that failed it alone; raising fails the whole batch."""
+
+    async def structure(self, context: ActorContext, evidence_id: str) -> Sequence[Any]: ...
+
+    async def structure_batch(self, context: ActorContext, evidence_ids: Sequence[str]
+                              ) -> list[Sequence[Any] | Exception]: ...
+
+
+class _DeferredRefresh:
+    """Stands in for the knowledge index inside a batch: collects what to refresh."""
+
+    def __init__(self) -> None:
+        self.knowledge_ids: list[str] = []
+        self.reindex_ids: list[str] = []
+
+    async def refresh(self, knowledge_ids: Sequence[str], *, reindex: bool = False) -> int:
+        (self.reindex_ids if reindex else self.knowledge_ids).extend(knowledge_ids)
+        return 0
+
+
 class RecallStructurer:
     """The default: the recall slice's ``structure_evidence`` over the engine's knowledge
-    index (imported late: the recall slice pulls in the retrieval engine)."""
+    index (imported late: the recall slice pulls in the retrieval engine).
+
+    ``structure_batch`` structures each evidence with its own write (as ``structure`` does)
+    but refreshes the index ONCE for the whole batch, before any event is returned: one read,
+    one text-index job and one vector batch instead of one each per evidence, and
+    ``memory_ready`` still only announces an item the index already holds."""
 
     async def structure(self, context: ActorContext, evidence_id: str) -> Sequence[Any]:
         from ._query import knowledge_indexes
@@ -171,6 +202,32 @@ class RecallStructurer:
         knowledge_index = await knowledge_indexes.open(context.storage, getattr(env, "embedder", None))
         result = await structure_evidence(context.storage, knowledge_index, env, evidence_id)
         return tuple(result.events)
+
+    async def structure_batch(self, context: ActorContext, evidence_ids: Sequence[str]
+                              ) -> list[Sequence[Any] | Exception]:
+        from ._query import knowledge_indexes
+        from ._structuring import structure_evidence
+
+        env = context.env
+        knowledge_index = await knowledge_indexes.open(context.storage, getattr(env, "embedder", None))
+        deferred = _DeferredRefresh()
+        outcomes: list[Sequence[Any] | Exception] = []
+        for evidence_id in evidence_ids:
+            try:
+                result = await structure_evidence(context.storage, deferred, env, evidence_id)
+            except Exception as error:
+                outcomes.append(error)
+                continue
+            if result.knowledge_id is not None:
+                # Also when structured before (a retry after a failed refresh): refresh is
+                # a no-op for an item whose version the index already holds.
+                deferred.knowledge_ids.append(result.knowledge_id)
+            outcomes.append(tuple(result.events))
+        if deferred.knowledge_ids:
+            await knowledge_index.refresh(list(dict.fromkeys(deferred.knowledge_ids)))
+        if deferred.reindex_ids:
+            await knowledge_index.refresh(list(dict.fromkeys(deferred.reindex_ids)), reindex=True)
+        return outcomes
 
 
 class KnowledgeIndexPort(Protocol):
@@ -296,27 +353,59 @@ class KnowledgeScopeActor(Actor):
             fresh = [task for task in tasks if task.evidence_id not in tried]
             if not fresh:
                 break
-            for task in fresh:
-                tried.add(task.evidence_id)
-                await self._structure_one(task.evidence_id)
+            tried.update(task.evidence_id for task in fresh)
+            structured = await self._structure_tasks([task.evidence_id for task in fresh])
+            if structured:
+                # One job finishes the batch's tasks, not one job (and one commit wait) per
+                # evidence.  A crash before it re-runs them: structuring is safe to run twice.
+                await storage.write(lambda connection, done=structured: _structuring_done_all(connection, done))
         return len(tried)
 
-    async def _structure_one(self, evidence_id: str) -> None:
+    async def _structure_tasks(self, evidence_ids: list[str]) -> list[str]:
+        """Structure a batch (together when the structurer can, else one by one); returns the
+        evidence ids that succeeded (their tasks are still to finish)."""
+        batch = getattr(self.settings.structurer, "structure_batch", None)
+        if batch is None:
+            return [evidence_id for evidence_id in evidence_ids if await self._structure_one(evidence_id)]
+        try:
+            with trio.fail_after(self.settings.structuring_evidence_seconds_max * len(evidence_ids)):
+                outcomes = await batch(self.context, evidence_ids)
+        except Exception as error:
+            outcomes = [error] * len(evidence_ids)
+        assert len(outcomes) == len(evidence_ids)
+        structured = []
+        for evidence_id, outcome in zip(evidence_ids, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                await self._structuring_failed(evidence_id, outcome)
+                continue
+            self._announce(evidence_id, outcome)
+            structured.append(evidence_id)
+        return structured
+
+    async def _structuring_failed(self, evidence_id: str, error: Exception) -> None:
         storage, env = self.context.storage, self.context.env
+        logger.warning("structuring %s in %s failed: %s", evidence_id, self.scope.text, type(error).__name__)
+        retry_at, reason = env.clock.wall() + self.settings.structuring_retry_seconds, type(error).__name__
+        counted = not isinstance(error, StorageError)  # the storage's failure, not the evidence's
+        await storage.write(lambda connection: structuring_failed(
+            connection, evidence_id, error=reason, retry_at=retry_at, counted=counted))
+
+    def _announce(self, evidence_id: str, events: Sequence[Any]) -> None:
+        for event in events:
+            publish_event(self.context.system, event)
+        self.context.trace("knowledge_structured", evidence=evidence_id, events=len(events))
+
+    async def _structure_one(self, evidence_id: str) -> bool:
+        """Structure one evidence and announce its events; False when it failed (its retry is
+        recorded).  The caller finishes the successful tasks in one job per batch."""
         try:
             with trio.fail_after(self.settings.structuring_evidence_seconds_max):
                 events = await self.settings.structurer.structure(self.context, evidence_id)
         except Exception as error:
-            logger.warning("structuring %s in %s failed: %s", evidence_id, self.scope.text, type(error).__name__)
-            retry_at, reason = env.clock.wall() + self.settings.structuring_retry_seconds, type(error).__name__
-            counted = not isinstance(error, StorageError)  # the storage's failure, not the evidence's
-            await storage.write(lambda connection: structuring_failed(
-                connection, evidence_id, error=reason, retry_at=retry_at, counted=counted))
-            return
-        await storage.write(lambda connection: structuring_done(connection, evidence_id))
-        for event in events:
-            publish_event(self.context.system, event)
-        self.context.trace("knowledge_structured", evidence=evidence_id, events=len(events))
+            await self._structuring_failed(evidence_id, error)
+            return False
+        self._announce(evidence_id, events)
+        return True
 
     async def _structuring_ended(self, ended: TaskEnded) -> None:
         scope, now = self.scope.text, self.context.env.clock.wall()
@@ -557,7 +646,8 @@ class KnowledgeScopeActor(Actor):
         hashed = request_hash(original.operation, original.canonical())
         now = self.context.env.clock.wall()
         decision = await self.context.storage.write(lambda connection: receipt_recover(
-            connection, original.operation, key, request_hash=hashed, reason=request.reason, now=now))
+            connection, original.operation, key, scope=original.scope, request_hash=hashed,
+            reason=request.reason, now=now))
         if decision.action != "proceed":
             return KnowledgeRefused(decision.code, decision.message, decision.status)
         body = recovery_response(decision.receipt)
@@ -631,6 +721,11 @@ class KnowledgeScopeActor(Actor):
         return knowledge_id
 
 
+def _structuring_done_all(connection: apsw.Connection, evidence_ids: Sequence[str]) -> None:
+    for evidence_id in evidence_ids:
+        structuring_done(connection, evidence_id)
+
+
 def scope_actor_kind(settings: ScopeSettings | None = None) -> ActorKind:
     chosen = settings or ScopeSettings()
     return ActorKind(scope_kind_name, lambda context: KnowledgeScopeActor(context, chosen),
@@ -638,6 +733,7 @@ def scope_actor_kind(settings: ScopeSettings | None = None) -> ActorKind:
 
 
 __all__ = [
+    "BatchStructurer",
     "KnowledgeIndexPort",
     "KnowledgeScopeActor",
     "RecallIndexRefresher",

@@ -35,7 +35,7 @@ from typing import Any, get_args
 
 import apsw
 
-from ._conflicts import resolutions, severity_by_resolution
+from ._conflicts import conflicts_list_max, resolutions, severity_by_resolution
 from ._protocol import (
     KnowledgeStatus,
     forget_confirmation_seconds,
@@ -552,7 +552,7 @@ def write_evidence(connection: apsw.Connection, draft: EvidenceDraft, *, evidenc
     response = write_response(evidence, latency_ms)
     if draft.idempotency_key is not None:
         text = receipt_complete(connection, receipt_namespace_write, draft.idempotency_key,
-                                response, now)
+                                response, now, scope=draft.scope)
     else:
         text = _json_text(response)
     return WriteOutcome(response_json=text, evidence=evidence,
@@ -859,7 +859,8 @@ def update_knowledge(connection: apsw.Connection, draft: KnowledgeUpdateDraft, *
     key = draft.idempotency_key
     if key is not None:
         assert request_hash is not None
-        decision = receipt_check(connection, receipt_namespace_update, key, request_hash)
+        decision = receipt_check(connection, receipt_namespace_update, key, request_hash,
+                                 scope=draft.scope)
         finished = _unless_proceeding(decision)
         if finished is not None:
             return finished
@@ -897,7 +898,8 @@ def update_knowledge(connection: apsw.Connection, draft: KnowledgeUpdateDraft, *
     assert knowledge is not None
     response = update_response(knowledge, evidence, latency_ms)
     if key is not None:
-        text = receipt_complete(connection, receipt_namespace_update, key, response, now)
+        text = receipt_complete(connection, receipt_namespace_update, key, response, now,
+                                scope=draft.scope)
     else:
         text = _json_text(response)
     return WriteOutcome(response_json=text, evidence=evidence, knowledge=knowledge,
@@ -1020,7 +1022,7 @@ def record_lifecycle(connection: apsw.Connection, draft: ContextDraft, *, contex
     response = lifecycle_response(context)
     if draft.idempotency_key is not None:
         text = receipt_complete(connection, receipt_namespace_lifecycle, draft.idempotency_key,
-                                response, now)
+                                response, now, scope=draft.scope)
     else:
         text = _json_text(response)
     return WriteOutcome(response_json=text, context=context,
@@ -1216,9 +1218,11 @@ def resolve_conflict(connection: apsw.Connection, conflict_id: str, resolution: 
 
 
 def list_conflicts(connection: apsw.Connection, scope: str | None = None, *,
-                   limit: int = list_rows_max) -> list[tuple[Conflict, str]]:
-    """Conflicts (of ``scope``, or all), newest first, each with its item's current title."""
-    limit = min(limit, list_rows_max)
+                   limit: int = conflicts_list_max) -> list[tuple[Conflict, str]]:
+    """Conflicts (of ``scope``, or all), newest first, each with its item's current title;
+    at most ``conflicts_list_max`` (what ``/conflicts`` answers: the contract gives the route
+    no ``limit`` parameter, so the store's cap and the route's answer are one constant)."""
+    limit = max(0, min(limit, conflicts_list_max))
     where, parameters = ("WHERE c.scope = ?", [scope]) if scope is not None else ("", [])
     columns = ", ".join(f"c.{name.strip()}" for name in _conflict_columns.split(","))
     rows = connection.execute(

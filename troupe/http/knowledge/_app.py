@@ -13,7 +13,8 @@ Failures: backpressure (a full mailbox, an ask that timed out, a storage error) 
 keeps serving.  Every error body carries the request id, and every response ``X-Request-Id``.
 
 The stack, outermost first: ``SendGuard`` (final-send shield, bounded sends) →
-``KnowledgeGate`` (request id, Host, route, schema, per-route ``BodyLimit``) → quart.
+``KnowledgeGate`` (request id, Host, route, schema, per-route ``BodyLimit``) → quart, except
+``POST /memory/write``, served outside quart by ``_write_route`` (the hot path).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ from ._handshake import HandshakeSettings, SchemaState, capabilities, health_rep
 from ._openapi import openapi_document
 from ._reads import KnowledgeReads, local_utc_offset_seconds
 from ._routes import events_path, operations_by_name
+from ._routes_discovery import install_discovery_routes
+from ._routes_monitor import install_monitor_routes
+from ._routes_ocr import install_ocr_routes
 from ._schemas import (
     AgentContextIn,
     ForgetIn,
@@ -81,6 +85,7 @@ from ._schemas import (
     recovery_models,
     validated,
 )
+from ._write_route import WriteRoute, WriteRouteDispatch
 
 logger = logging.getLogger("troupe.knowledge")
 
@@ -138,13 +143,22 @@ def create_knowledge_app(dependencies: KnowledgeAppDependencies) -> QuartTrio:
     _install_handshake(app, dependencies, schema)
     _install_writes(app, _asker(dependencies.system))
     _install_reads(app, dependencies, reads)
+    from ._routes_sync import (
+        install_sync_routes,  # the sync slice (issue 13); late: it imports this module
+    )
+
+    install_sync_routes(app, _asker(dependencies.system), _register)
+    install_monitor_routes(app, dependencies)
+    install_ocr_routes(app, dependencies)
+    install_discovery_routes(app, dependencies)
 
     @app.websocket(events_path)
     async def events() -> None:
         await serve_events(dependencies.system, dependencies.shutdown, dependencies.events)
 
     ids = dependencies.env.ids
-    gate = KnowledgeGate(app.asgi_app, new_request_id=lambda: ids.new_id("req_"), schema_ready=schema.ready,
+    hot = WriteRouteDispatch(app.asgi_app, WriteRoute(_asker(dependencies.system), quiet_errors=(ActorFailed,)))
+    gate = KnowledgeGate(hot, new_request_id=lambda: ids.new_id("req_"), schema_ready=schema.ready,
                          allowed_hosts=dependencies.allowed_hosts)
     app.asgi_app = SendGuard(gate)  # type: ignore[method-assign]
     return app

@@ -156,13 +156,19 @@ class KnowledgeReads:
         return InsightList(insights=tuple(await insights(self.engine, self.env, limit=request.limit)))
 
     async def digest(self, request: BuildDigest) -> Digest:
-        from troupe.actors.knowledge._delivery import DigestCounts, digest, local_today, local_zone
+        from troupe.actors.knowledge._delivery import (
+            digest,
+            local_day_bounds,
+            local_today,
+            local_zone,
+        )
+        from troupe.actors.knowledge.monitor import day_counts
 
         zone = local_zone(request.utc_offset_seconds)
         day = (datetime.date.fromisoformat(request.date) if request.date is not None
                else local_today(self.env.clock.wall(), zone))
-        # The capture log (monitor issue) is not here yet: every day counts nothing.
-        return digest(day, DigestCounts())
+        start, end = local_day_bounds(day, zone)
+        return digest(day, await self.engine.read(lambda connection: day_counts(connection, start, end)))
 
 
 _handlers = {

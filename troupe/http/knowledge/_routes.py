@@ -2,7 +2,7 @@
 
 Why a table: the gate (404 / 405 before any handler, the per-route 413), quart's rules and the
 OpenAPI document all read the same list, so they never disagree.  Paths are the contract's
-(§2) minus ``/sync/*``, ``/monitor/*`` and ``/memory/ocr``, which a later issue serves.
+(§2); ``/memory/ocr``'s limit is the contract's 20 MB of base64 plus the envelope.
 
 Body limits are named per kind of request: a write carries raw evidence up to the store's
 ``evidence_raw_bytes_max`` plus its context and provenance; a lifecycle event its data; every
@@ -21,6 +21,7 @@ from troupe.actors.knowledge import (
     evidence_side_bytes_max,
     lifecycle_data_bytes_max,
 )
+from troupe.actors.knowledge.ocr import ocr_image_base64_characters_max
 
 json_overhead_bytes_max = 64 * 1024
 """Room for whitespace, escapes and the envelope's small fields above the stored limits."""
@@ -33,6 +34,8 @@ small_body_bytes_max = 64 * 1024
 """Queries, contexts, forget commands, promotions, preference extraction."""
 read_body_bytes_max = 0
 """GET routes take no body."""
+ocr_body_bytes_max = ocr_image_base64_characters_max + json_overhead_bytes_max
+"""The base64 text plus the envelope: base64 needs no JSON escapes."""
 
 assert write_body_bytes_max > evidence_raw_bytes_max + 2 * evidence_side_bytes_max
 assert lifecycle_body_bytes_max > lifecycle_data_bytes_max
@@ -57,6 +60,27 @@ class Operation:
         return re.compile("^" + re.escape(self.path).replace(re.escape("{id}"), "([^/]+)") + "$")
 
 
+def sync_operations(small_bytes_max: int) -> tuple[Operation, ...]:
+    """The ``/sync/*`` routes of the sync slice (seeds/004 §3.11–3.16, §3.21–3.23) and the
+    peer-to-peer routes replication needs (signed by the sending device, not the user's)."""
+    from troupe.actors.knowledge.sync import peer_body_bytes_max
+
+    return (
+        Operation("sync_token", "POST", "/sync/token", small_bytes_max, "生成配对令牌（QR/PIN）"),
+        Operation("sync_pair", "POST", "/sync/pair", small_bytes_max, "设备配对（QR/PIN + 签名令牌）"),
+        Operation("sync_peers", "GET", "/sync/peers", summary="节点列表"),
+        Operation("sync_pair_request", "POST", "/sync/pair/request", small_bytes_max, "发起确认式配对请求（含 6 位 PIN）"),
+        Operation("sync_pair_confirm", "POST", "/sync/pair/confirm", small_bytes_max, "确认/拒绝配对请求"),
+        Operation("sync_status", "GET", "/sync/status", summary="同步状态（含运行时开关 enabled/paused）"),
+        Operation("sync_settings", "PUT", "/sync/settings", small_bytes_max, "更新同步开关（enabled/paused，热生效）"),
+        Operation("sync_state", "GET", "/sync/state/knowledge/{id}", summary="去载荷 CRDT/墓碑状态"),
+        Operation("sync_revoke", "POST", "/sync/peers/{id}/revoke", small_bytes_max, "解绑设备"),
+        Operation("sync_peer_join", "POST", "/sync/peer/join", small_bytes_max, "设备间：配对入网（设备签名）"),
+        Operation("sync_peer_ops", "POST", "/sync/peer/ops", peer_body_bytes_max, "设备间：推送签名操作（gossip）"),
+        Operation("sync_peer_digest", "POST", "/sync/peer/digest", peer_body_bytes_max, "设备间：版本向量交换（anti-entropy）"),
+    )
+
+
 operations: tuple[Operation, ...] = (
     Operation("version", "GET", "/version", summary="产品、组件、API 兼容级别和 schema 版本"),
     Operation("health", "GET", "/health", summary="数据库迁移及后端组件就绪状态"),
@@ -77,6 +101,13 @@ operations: tuple[Operation, ...] = (
     Operation("promote", "POST", "/memory/flow/promote", small_body_bytes_max, "短/中期→长期流转"),
     Operation("insights", "GET", "/delivery/insights", summary="洞察流（最近 24h 高质量记忆）"),
     Operation("digest", "GET", "/delivery/digest", summary="按日简报（仅计数）"),
+    Operation("monitor_config", "GET", "/monitor/config", summary="读取监控配置"),
+    Operation("monitor_config_put", "PUT", "/monitor/config", small_body_bytes_max, "写入监控配置（全量提交，热生效）"),
+    Operation("monitor_log", "GET", "/monitor/log", summary="监控活动日志（分页，最新在前）"),
+    Operation("memory_ocr", "POST", "/memory/ocr", ocr_body_bytes_max, "图片文字识别（无 OCR 引擎时 503 OCR_UNAVAILABLE）"),
+    Operation("sync_discover", "GET", "/sync/discover", summary="发现局域网设备（含未配对）"),
+    # The sync slice's routes (troupe/http/knowledge/_routes_sync.py installs them).
+    *sync_operations(small_body_bytes_max),
     Operation("openapi", "GET", "/openapi.json", summary="本接口的 OpenAPI 3.1 文档"),
     Operation("events", "GET", "/events", summary="WebSocket 事件推送（需 WebSocket 升级）"),
 )
@@ -131,9 +162,11 @@ __all__ = [
     "json_overhead_bytes_max",
     "lifecycle_body_bytes_max",
     "match_route",
+    "ocr_body_bytes_max",
     "operations",
     "operations_by_name",
     "read_body_bytes_max",
     "small_body_bytes_max",
+    "sync_operations",
     "write_body_bytes_max",
 ]

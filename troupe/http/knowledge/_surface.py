@@ -8,7 +8,9 @@ gate still refuses a non-loopback Host.
 Configuration read from the environment at start (``_handshake``): ``TROUPE_PRODUCT_VERSION``
 (injected by the release's service unit; ``development`` otherwise),
 ``TROUPE_KNOWLEDGE_EMBEDDING`` and ``TROUPE_KNOWLEDGE_VECTOR_STORE`` (``auto`` | ``local``;
-``kylin`` fails the start: this build has no Kylin adapter).
+``kylin`` fails the start: this build has no Kylin adapter); ``TROUPE_KNOWLEDGE_DISCOVERY``
+and ``TROUPE_KNOWLEDGE_DBUS`` (mDNS discovery and the D-Bus service: ``_desktop``; both off
+when the surface is built from an explicit mapping).
 
 Why a factory (``new_knowledge_surface``) beside the ready-made ``knowledge_surface``: tests
 and the simulator choose the scope actors' settings (a failing sensitivity detector, a
@@ -28,11 +30,20 @@ from troupe.actors.knowledge import (
     knowledge_migrations,
     scope_actor_kind,
 )
+from troupe.actors.knowledge.discovery import DiscoverySettings
+from troupe.actors.knowledge.monitor import monitor_actor_kind, monitor_migrations
+from troupe.actors.knowledge.sync import (
+    SyncSettings,
+    sync_actor_kind,
+    sync_migrations,
+    sync_settings_from_environment,
+)
 from troupe.http import ASGIApp
 from troupe.retrieval import retrieval_migrations
 from troupe.server import ListenAddress, Surface, SurfaceContext
 
 from ._app import KnowledgeAppDependencies, create_knowledge_app
+from ._desktop import desktop_services
 from ._events import EventsSettings
 from ._handshake import HandshakeSettings, read_os_release
 
@@ -47,16 +58,22 @@ def new_knowledge_surface(
     hub_settings: EventsHubSettings | None = None,
     events_settings: EventsSettings | None = None,
     os_release_text: str | None = None,
+    sync_settings: SyncSettings | None = None,
+    discovery_settings: DiscoverySettings | None = None,
 ) -> Surface:
     """A knowledge surface configured from ``environ`` (default ``os.environ``); raises
     ``KnowledgeBackendUnavailable`` (a ``ServeError``) when a backend is configured strictly
     and cannot run.  ``os_release_text`` replaces ``/etc/os-release``."""
+    real_environment = environ is None
     environ = os.environ if environ is None else environ
     handshake = HandshakeSettings.from_environment(
         environ, read_os_release() if os_release_text is None else os_release_text)
     events = events_settings or EventsSettings()
+    sync = sync_settings or sync_settings_from_environment(environ)
+    desktop = desktop_services(environ, real_environment=real_environment, discovery=discovery_settings)
 
     def create(context: SurfaceContext) -> ASGIApp:
+        desktop.bind(context)
         return create_knowledge_app(KnowledgeAppDependencies(
             env=context.env, engine=context.engine, system=context.system, shutdown=context.shutdown,
             handshake=handshake, events=events, allowed_hosts=tuple(context.options.allowed_hosts)))
@@ -65,8 +82,11 @@ def new_knowledge_surface(
         "knowledge",
         knowledge_listen_default,
         create,
-        actor_kinds=(scope_actor_kind(scope_settings), events_hub_kind(hub_settings)),
-        migrations=tuple(dict.fromkeys((*retrieval_migrations(), *knowledge_migrations))),
+        actor_kinds=(scope_actor_kind(scope_settings), events_hub_kind(hub_settings), monitor_actor_kind(),
+                     sync_actor_kind(sync)),
+        migrations=tuple(dict.fromkeys((*retrieval_migrations(), *knowledge_migrations, *monitor_migrations,
+                                            *sync_migrations))),
+        services=desktop.services,
     )
 
 

@@ -1,0 +1,260 @@
+"""Device sync benchmark: prints one JSON line of figures (not a test; nothing here asserts time).
+
+Why: issue 13 asks how fast knowledge in ``shared:*`` scopes converges across three paired
+devices (target: 10,000 operations in at most 10 s on loopback), how many bytes that costs,
+and what anti-entropy costs when there is nothing to repair.
+
+In this process, three instances of the knowledge surface run as ``troupe serve`` builds it
+(``new_knowledge_surface()`` over a real ``Engine`` with ``synchronous=FULL`` in its own
+temporary directory, the real ``ActorSystem``, the real Env with the offline hashed embedder),
+each behind its own hypercorn listener on 127.0.0.1 (an ephemeral port).  Each instance's
+outbound ``env.http`` is an ``httpx.AsyncClient`` whose transport counts the bytes of every
+peer request and answer (bodies and headers).
+
+1. pairing over HTTP, as a user would: instance 0 makes a QR token and 1 pairs with it; 0 makes
+   a PIN token and 2 pairs; 1 makes a token and 2 pairs (a full mesh);
+2. load: ``--operations`` (10,000) knowledge items created in ``shared:*`` scopes, a third on
+   each instance, in bulk through the store functions the write path and structuring use
+   (``write_evidence`` then ``create_knowledge``, jobs of ``load_items_per_job``): each item
+   is one operation its device captures, signs and replicates.  The replication loops run
+   during the load (as they would in production);
+3. convergence: polled every ``poll_seconds`` until every instance holds every operation
+   (``sync_ops``) and every item (``knowledge_items``), and the three operation-set digests
+   are equal: ``converge_seconds`` (from the end of the load) and ``total_seconds`` (from its
+   start), bytes and requests exchanged, items per second;
+4. anti-entropy with nothing to repair: one forced round (``RunSyncRound``, gossip and
+   version-vector exchange with both peers) on each instance, timed, with its bytes.
+
+Usage: python bench/sync.py [--operations 10000] [--gossip-seconds 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+import trio
+from _load import start_server
+
+instances_count = 3
+load_items_per_job = 500
+poll_seconds = 0.1
+progress_seconds = 5.0
+converge_seconds_max = 300.0
+shared_scopes = ("shared:home", "shared:family", "shared:work")
+topics = ("客厅", "厨房", "孩子的钢琴课", "周末采购", "boiler service", "garden", "体检预约", "车辆保险")
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The real transport, counting what goes over the wire (bodies plus header lines)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.requests = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.requests += 1
+        self.bytes_sent += len(body) + sum(len(name) + len(value) + 4 for name, value in request.headers.raw)
+        response = await self.inner.handle_async_request(request)
+        content = await response.aread()
+        self.bytes_received += len(content) + sum(len(name) + len(value) + 4 for name, value in response.headers.raw)
+        return httpx.Response(response.status_code, headers=response.headers, content=content,
+                              extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Instance:
+    def __init__(self, index: int, env: Any, engine: Any, system: Any, port: int, meter: CountingTransport) -> None:
+        self.index, self.env, self.engine, self.system, self.port, self.meter = index, env, engine, system, port, meter
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def start_instance(nursery: trio.Nursery, index: int, data_dir: str, gossip_seconds: float) -> Instance:
+    from troupe._config import ServeOptions
+    from troupe.actors.knowledge.sync import SyncSettings
+    from troupe.http import ShutdownSignal
+    from troupe.http.knowledge import new_knowledge_surface
+    from troupe.models import HashedEmbedder, LocalModel
+    from troupe.runtime import ActorSystem, real_env
+    from troupe.server import (
+        SurfaceContext,
+        surface_actor_kinds,
+        surface_migrations,
+        surface_services,
+    )
+    from troupe.storage import Engine, StorageError
+
+    surface = new_knowledge_surface({}, os_release_text="", sync_settings=SyncSettings(
+        device_name=f"bench-{index}", gossip_interval_seconds=gossip_seconds))
+    env = real_env(data_dir)
+    env.model, env.embedder = LocalModel(), HashedEmbedder()
+    meter = CountingTransport()
+    env.http = httpx.AsyncClient(transport=meter, timeout=30)
+    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations([surface]))
+    system = ActorSystem(env, surface_actor_kinds([surface]), storage=engine, services=surface_services([surface]),
+                         transient_errors=(StorageError,))
+    await nursery.start(system.run)
+    context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
+    port = await start_server(nursery, surface.create_app(context))
+    return Instance(index, env, engine, system, port, meter)
+
+
+async def pair(client: httpx.AsyncClient, issuer: Instance, joiner: Instance, method: str) -> None:
+    request: dict[str, Any] = {"method": method}
+    if method == "PIN":
+        request["pin"] = "246810"
+    token = (await client.post(f"{issuer.base}/sync/token", json=request)).raise_for_status().json()
+    answer = await client.post(f"{joiner.base}/sync/pair", json={**request, "token": token["token"]})
+    answer.raise_for_status()
+    assert answer.json()["status"] == "paired", answer.text
+
+
+def _load_job(connection: Any, plan: list[tuple[Any, ...]]) -> int:
+    from troupe.actors.knowledge import create_knowledge, write_evidence
+
+    for draft, structure, evidence_id, knowledge_id, now in plan:
+        outcome = write_evidence(connection, draft, evidence_id=evidence_id, now=now, latency_ms=1)
+        assert outcome.evidence is not None, outcome
+        item, _ = create_knowledge(connection, knowledge_id=knowledge_id, evidence_id=evidence_id,
+                                   title=structure.title, body=structure.body, entities=structure.entities,
+                                   relations=list(structure.relations), now=now)
+        assert item is not None
+    return len(plan)
+
+
+async def load(instance: Instance, first: int, count: int) -> None:
+    from troupe.actors.knowledge import EvidenceDraft, evidence_quality_score, extract_structure
+
+    for start in range(first, first + count, load_items_per_job):
+        plan = []
+        for number in range(start, min(start + load_items_per_job, first + count)):
+            raw = {"user": f"记一下：{topics[number % len(topics)]} 第 {number} 条家庭笔记",
+                   "assistant": f"好的，已记下 note-{number}"}
+            scope = shared_scopes[number % len(shared_scopes)]
+            draft = EvidenceDraft(scope=scope, source_type="CONVERSATION", raw=raw, context=None, provenance=None,
+                                  quality_score=evidence_quality_score("CONVERSATION", raw))
+            plan.append((draft, extract_structure("CONVERSATION", raw), instance.env.ids.new_id("evd_"),
+                         instance.env.ids.new_id("knw_"), instance.env.clock.wall()))
+        await instance.engine.write(lambda connection, plan=plan: _load_job(connection, plan))
+
+
+def _replica_state(connection: Any) -> tuple[int, int, str]:
+    operations = connection.execute("SELECT count(*) FROM sync_ops").fetchone()[0]
+    items = connection.execute("SELECT count(*) FROM knowledge_items WHERE scope LIKE 'shared:%'").fetchone()[0]
+    digest = hashlib.sha256()
+    for (value,) in connection.execute("SELECT digest FROM sync_ops ORDER BY digest"):
+        digest.update(value.encode())
+    return operations, items, digest.hexdigest()
+
+
+def _traffic(instances: list[Instance]) -> tuple[int, int]:
+    return (sum(instance.meter.requests for instance in instances),
+            sum(instance.meter.bytes_sent + instance.meter.bytes_received for instance in instances))
+
+
+async def main(arguments: argparse.Namespace) -> dict[str, Any]:
+    from troupe.actors.knowledge.sync import RunSyncRound, sync_key, sync_kind_name
+
+    figures: dict[str, Any] = {"benchmark": "sync", "instances": instances_count, "operations": arguments.operations,
+                               "gossip_seconds": arguments.gossip_seconds, "cpu_count": os.cpu_count(),
+                               "load_average": round(os.getloadavg()[0], 2)}
+    with tempfile.TemporaryDirectory(prefix="troupe-bench-sync-") as root:
+        async with trio.open_nursery() as nursery:
+            instances = [await start_instance(nursery, index, os.path.join(root, f"i{index}"), arguments.gossip_seconds)
+                         for index in range(instances_count)]
+            async with httpx.AsyncClient(timeout=60) as client:
+                began = time.perf_counter()
+                await pair(client, instances[0], instances[1], "QR")
+                await pair(client, instances[0], instances[2], "PIN")
+                await pair(client, instances[1], instances[2], "QR")
+                figures["pairing_seconds"] = round(time.perf_counter() - began, 3)
+            requests_before, bytes_before = _traffic(instances)
+            share = arguments.operations // instances_count
+            counts = [share + (1 if index < arguments.operations % instances_count else 0)
+                      for index in range(instances_count)]
+            firsts = [sum(counts[:index]) for index in range(instances_count)]
+            began = time.perf_counter()
+            async with trio.open_nursery() as loaders:
+                for instance, first, count in zip(instances, firsts, counts, strict=True):
+                    loaders.start_soon(load, instance, first, count)
+            loaded = time.perf_counter()
+            figures["load_seconds"] = round(loaded - began, 3)
+            converged = False
+            reported = loaded
+            while time.perf_counter() - loaded < converge_seconds_max:
+                states = [await instance.engine.read(_replica_state) for instance in instances]
+                if all(state[0] >= arguments.operations and state[1] >= arguments.operations for state in states) \
+                        and len({state[2] for state in states}) == 1:
+                    converged = True
+                    break
+                if time.perf_counter() - reported >= progress_seconds:
+                    reported = time.perf_counter()
+                    print(f"after {reported - loaded:.0f} s: operations {[state[0] for state in states]}, "
+                          f"items {[state[1] for state in states]}", file=sys.stderr)
+                await trio.sleep(poll_seconds)
+            done = time.perf_counter()
+            requests_after, bytes_after = _traffic(instances)
+            figures.update(
+                converged=converged,
+                converge_seconds=round(done - loaded, 3),
+                total_seconds=round(done - began, 3),
+                operations_per_second=round(arguments.operations / (done - began), 1),
+                peer_requests=requests_after - requests_before,
+                bytes_exchanged=bytes_after - bytes_before,
+                bytes_per_operation_per_replica=round((bytes_after - bytes_before)
+                                                      / (arguments.operations * (instances_count - 1)), 1),
+                replica_operations=[state[0] for state in states],
+                replica_items=[state[1] for state in states],
+            )
+            # Anti-entropy with nothing to repair: one forced round on each instance.
+            requests_before, bytes_before = _traffic(instances)
+            began = time.perf_counter()
+            rounds = []
+            for instance in instances:
+                round_began = time.perf_counter()
+                try:
+                    done_round = await instance.system.ref(sync_kind_name, sync_key).ask(
+                        RunSyncRound(anti_entropy=True), timeout=120)
+                except Exception as error:  # noqa: BLE001 - reported, not fatal: the figures above stand
+                    rounds.append({"seconds": round(time.perf_counter() - round_began, 4),
+                                   "error": f"{type(error).__name__}: {error}"[:200]})
+                    continue
+                rounds.append({"seconds": round(time.perf_counter() - round_began, 4), "pulled": done_round.pulled,
+                               "pushed": done_round.pushed, "peers": done_round.peers_reached})
+            requests_after, bytes_after = _traffic(instances)
+            figures["idle_anti_entropy"] = {
+                "rounds": rounds,
+                "seconds_per_round_mean": round((time.perf_counter() - began) / instances_count, 4),
+                "peer_requests": requests_after - requests_before,
+                "bytes_exchanged": bytes_after - bytes_before,
+            }
+            for instance in instances:
+                await instance.env.http.aclose()
+            nursery.cancel_scope.cancel()
+    return figures
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--operations", type=int, default=10_000)
+    parser.add_argument("--gossip-seconds", type=float, default=0.5)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    print(json.dumps(trio.run(main, parse_arguments(sys.argv[1:]))))
