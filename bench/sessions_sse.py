@@ -45,8 +45,10 @@ p99 <= 50 ms; <= 64 KiB per idle connection (judged on the RSS figure).
 
 Usage: python bench/sessions_sse.py [--subscribers 500] [--events 1100] [--seconds 10]
        [--idle 500] [--replays 200] [--profile fanout|replay|idle] [--memory-top N]
-       [--gc-threshold N] [--gc-freeze] [--gc-census N]
-(the last three are experiments on the server process's garbage collector, see docs/sessions.md)
+       [--gc-threshold N] [--no-gc-freeze] [--gc-census N]
+(the last three are experiments on the server process's garbage collector, see docs/sessions.md;
+by default the server's start-up heap is frozen once it is ready, as ``troupe serve`` does:
+``troupe/server/_process.py``)
 """
 
 from __future__ import annotations
@@ -726,9 +728,11 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 gc.set_threshold(arguments.gc_threshold, *gc.get_threshold()[1:])
             figures["gc_threshold"] = list(gc.get_threshold())
             if arguments.gc_freeze:
-                # Experiment: the start-up heap (modules, the embedder) out of every collection.
-                gc.collect()
-                gc.freeze()
+                # As ``troupe serve`` does once ready: the start-up heap (modules, the apps, the
+                # embedder) out of every collection.
+                from troupe.server._process import freeze_startup_heap
+
+                freeze_startup_heap()
             status, created = await _http(port, "POST", "/v2/sessions", secret, {"prompt": "/say 你好。"})
             assert status == 201, (status, created)
             session_id = created["sessionId"]
@@ -814,8 +818,8 @@ if __name__ == "__main__":
                         help="cProfile the server during this phase (stderr)")
     parser.add_argument("--profile-sort", default="tottime")
     parser.add_argument("--profile-lines", type=int, default=40)
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() the server's start-up heap (experiment: full-collection pauses)")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="do not freeze the server's start-up heap (troupe serve does; experiment)")
     parser.add_argument("--gc-threshold", type=int, default=0,
                         help="the server's gc generation-0 threshold (experiment; 0: Python's 700)")
     parser.add_argument("--gc-census", type=int, default=0,

@@ -123,8 +123,10 @@ def _add_simulator_commands(sim: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["fixture"]:  # the tansr SDK harness fixture (troupe/_fixture_tansr.py)
-        return __import__("troupe._fixture_tansr", fromlist=["fixture_main"]).fixture_main(argv[1:])
+    if argv[:1] == ["fixture"]:  # the tansr SDK harness fixture: its own argument rules
+        from troupe._fixture_tansr import fixture_main
+
+        return fixture_main(argv[1:])
     arguments = _build_parser(simulator=argv[:1] == ["sim"]).parse_args(argv)
     if arguments.command == "serve":
         from troupe.server import serve_main

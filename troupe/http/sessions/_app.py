@@ -174,7 +174,10 @@ def create_sessions_app(dependencies: SessionsAppDependencies) -> QuartTrio:
         rate_buckets=rate_buckets,
     )
     app.asgi_app = SendGuard(gate)  # type: ignore[method-assign]
-    __import__("troupe.http.sessions.api", fromlist=["install_api"]).install_api(app, dependencies)
+    # Imported here: the /api package builds on this module's pieces.
+    from troupe.http.sessions.api import install_api
+
+    install_api(app, dependencies)
     return app
 
 
