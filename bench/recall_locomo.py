@@ -8,14 +8,26 @@ category 5 (adversarial) is reported separately.  A ``rank_bm25`` baseline over 
 turns runs in the same process.  Prints one JSON line.
 
     python bench/recall_locomo.py --data ../shared/bench-data/locomo-dev.json [--embedder hashed] [--k 5,10]
+
+``--folds`` (issue 14): fusion weights are chosen by cross-validation over the conversations,
+never on the whole split.  Each question's candidate lists (``MemoryIndex.recall_candidates``:
+text, context, vector, the named speaker's items, the feedback and entity expansions, and the
+neighbours of every candidate) are read from the index once and cached; every weight set of a
+small grid is then fused offline by the same ``fuse_candidates`` that recall runs.  For each
+conversation in turn, the weight set with the best recall@10 on the other conversations is
+measured on the held-out one.  The expansions are ablated the same way: each is switched on
+only within its own grid dimension, and the report gives held-out recall per category with
+the expansion allowed and with it forced off.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import json
+import pickle
 import re
 import statistics
 import sys
@@ -32,13 +44,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from troupe.models._hashed_embedder import HashedEmbedder  # noqa: E402
 from troupe.retrieval import (  # noqa: E402
     ConversationTurn,
+    FusionWeights,
     MemoryIndex,
     RecallFilter,
     RecallSettings,
     connection_setup,
     conversation_items,
+    fuse_candidates,
     retrieval_migrations,
 )
+from troupe.retrieval._expansion import neighbour_list  # noqa: E402
 from troupe.runtime._real_env import real_env  # noqa: E402
 from troupe.storage import Engine  # noqa: E402
 
@@ -267,6 +282,247 @@ async def run(arguments) -> dict:
     return report
 
 
+# -- cross-validated fusion (``--folds``) ------------------------------------------------------
+
+fold_grid = {
+    "rank_constant": (20.0, 60.0),
+    "context_weight": (0.5, 0.7, 1.0),
+    "vector_weight": (0.25, 0.5, 1.0, 1.5),
+    "speaker_weight": (0.5, 1.0, 1.5),
+    "neighbour_weight": (0.0, 0.15, 0.3, 0.5),
+    "feedback_weight": (0.0, 0.3, 0.6, 1.0),
+    "entity_weight": (0.0, 0.3),
+}
+fold_expansions = ("neighbour_weight", "feedback_weight", "entity_weight")
+fold_base_lists = ("text", "context", "vector", "feedback", "entity")
+# What the lists are gathered with: every expansion computed (weights > 0) so the grid can
+# weigh them; the feedback list's first pass uses these weights.
+fold_gather_feedback_weight = 0.3
+fold_gather_entity_weight = 0.3
+today_weights = {
+    "rank_constant": 60.0, "context_weight": 0.7, "vector_weight": 0.5, "speaker_weight": 0.5,
+    "neighbour_weight": 0.0, "feedback_weight": 0.0, "entity_weight": 0.0,
+}
+
+
+def fold_combinations() -> list[dict]:
+    names = list(fold_grid)
+    combinations = [{}]
+    for name in names:
+        combinations = [{**c, name: value} for c in combinations for value in fold_grid[name]]
+    return combinations
+
+
+class CachedQuestion:
+    """One question's candidate lists (internal ids mapped to dia ids), fused offline."""
+
+    def __init__(self, conversation: int, category: int, evidence: list[str], lists, neighbours,
+                 keys: dict[int, str]) -> None:
+        self.conversation = conversation
+        self.category = category
+        self.evidence = evidence
+        self.lists = lists
+        self.neighbours = neighbours
+        self.keys = keys
+
+    def ranked(self, weights: dict, limit: int) -> list[str]:
+        fusion = FusionWeights(text_weight=1.0, **weights)
+        fused = fuse_candidates(
+            self.lists, fusion, lambda item_id, turns: self.neighbours.get(item_id, ())
+        )
+        return [self.keys[item_id] for item_id, _ in fused.ranking[:limit]]
+
+    def grid_recall(self, combinations: list[dict], k: int) -> numpy.ndarray:
+        """Recall@k of every combination at once: the linear part of RRF as one matrix
+        product per rank constant, the speaker and neighbour lists per column (selection
+        only; reported figures come from ``ranked``, i.e. ``fuse_candidates`` itself)."""
+        lists = self.lists
+        sources = [lists.text, lists.context, lists.vector or (), lists.feedback, lists.entity]
+        items = list(dict.fromkeys(i for source in sources for i in source))
+        for item_id in list(items):
+            items.extend(n for n in self.neighbours.get(item_id, ()) if n not in self.neighbours)
+        items = list(dict.fromkeys(items))
+        position = {item_id: row for row, item_id in enumerate(items)}
+        ranks = numpy.full((len(items), len(sources)), numpy.inf)
+        for column, source in enumerate(sources):
+            for rank, item_id in enumerate(source, start=1):
+                if ranks[position[item_id], column] == numpy.inf:
+                    ranks[position[item_id], column] = rank
+        evidence = numpy.array([self.keys[i] in self.evidence for i in items], dtype=float)
+        said = None if lists.said is None else numpy.array([i in lists.said for i in items])
+        base_present = numpy.isfinite(ranks[:, :3]).any(axis=1)
+        result = numpy.zeros(len(combinations))
+        for constant in sorted({c["rank_constant"] for c in combinations}):
+            chosen = [n for n, c in enumerate(combinations) if c["rank_constant"] == constant]
+            weights = numpy.array([[1.0, combinations[n]["context_weight"], combinations[n]["vector_weight"],
+                                    combinations[n]["feedback_weight"], combinations[n]["entity_weight"]]
+                                   for n in chosen]).T
+            credit = 1.0 / (constant + ranks)
+            scores = credit @ weights  # items x combinations
+            in_fused = (scores > 0) | base_present[:, None]
+            if said is not None:
+                mask = said[:, None] & in_fused
+                masked = numpy.where(mask, scores, -numpy.inf)
+                order = numpy.argsort(-masked, axis=0, kind="stable")
+                rank_in_said = numpy.empty_like(order)
+                numpy.put_along_axis(rank_in_said, order, numpy.arange(1, len(items) + 1)[:, None], axis=0)
+                speaker = numpy.array([combinations[n]["speaker_weight"] for n in chosen])
+                scores = scores + numpy.where(mask, speaker / (constant + rank_in_said), 0.0)
+            # Top-3 per column without sorting every column: partition, then order the three.
+            strongest = numpy.argpartition(-scores, min(3, len(items) - 1), axis=0)[:3]
+            strongest = numpy.take_along_axis(
+                strongest,
+                numpy.argsort(-numpy.take_along_axis(scores, strongest, axis=0), axis=0, kind="stable"),
+                axis=0,
+            )
+            for column, n in enumerate(chosen):
+                weight = combinations[n]["neighbour_weight"]
+                if weight <= 0.0:
+                    continue
+                strong = [items[row] for row in strongest[:, column]]
+                around = neighbour_list(strong, lambda i, t: self.neighbours.get(i, ()), 1)
+                for rank, neighbour in enumerate(around, start=1):
+                    scores[position[neighbour], column] += weight / (constant + rank)
+            top = numpy.argpartition(-scores, min(k, len(items) - 1), axis=0)[:k]
+            result[chosen] = evidence[top].sum(axis=0) / len(self.evidence)
+        return result
+
+
+async def gather_questions(arguments, data, embedder, settings) -> list[CachedQuestion]:
+    gather_settings = dataclasses.replace(
+        settings,
+        feedback_weight=settings.feedback_weight or fold_gather_feedback_weight,
+        entity_weight=settings.entity_weight or fold_gather_entity_weight,
+    )
+    turns_before, turns_after = (int(n) for n in arguments.context.split(","))
+    questions: list[CachedQuestion] = []
+    for number, sample in enumerate(data):
+        turns = conversation_turns(sample["conversation"])
+        known = {turn.key for turn in turns}
+        with tempfile.TemporaryDirectory() as directory:
+            env = real_env(directory)
+            engine = await Engine.open(
+                env, migrations=retrieval_migrations(), connection_setup=connection_setup
+            )
+            try:
+                index = await MemoryIndex.open(engine, embedder=embedder, settings=gather_settings)
+                tenant = f"conversation-{number}"
+                ids = await index.add(conversation_items(
+                    turns, tenant=tenant, turns_before=turns_before, turns_after=turns_after
+                ))
+                keys = {item_id: turn.key for item_id, turn in zip(ids, turns, strict=True)}
+                recall_filter = RecallFilter(tenant=tenant)
+                for question in sample["qa"]:
+                    evidence, _ = normalise_evidence(question.get("evidence", []), known)
+                    if not evidence:
+                        continue
+                    lists, neighbours_of = await index.recall_candidates(
+                        question["question"], recall_filter=recall_filter
+                    )
+                    every = {i for source in (lists.text, lists.context, lists.vector or (),
+                                              lists.feedback, lists.entity) for i in source}
+                    neighbours = {i: tuple(neighbours_of(i, 1)) for i in every}
+                    questions.append(CachedQuestion(
+                        number, int(question["category"]), evidence, lists, neighbours, keys
+                    ))
+            finally:
+                await engine.aclose()
+                if isinstance(embedder, CachedEmbedder):
+                    embedder.save()
+    return questions
+
+
+def held_out(questions: list[CachedQuestion], weights: dict, ks: list[int]) -> dict:
+    rows = []
+    for question in questions:
+        ranked = question.ranked(weights, max(ks))
+        rows.append((question.category, {k: recall_share(ranked, question.evidence, k) for k in ks}))
+    return summarise(rows, ks)
+
+
+def fold_report(questions: list[CachedQuestion], ks: list[int]) -> dict:
+    combinations = fold_combinations()
+    main = [q for q in questions if q.category in (1, 2, 3, 4)]
+    grid = numpy.stack([q.grid_recall(combinations, 10) for q in main])  # questions x combos
+    conversations = sorted({q.conversation for q in questions})
+    conversation_of = numpy.array([q.conversation for q in main])
+
+    def choose(training: numpy.ndarray, allowed: list[int]) -> dict:
+        means = grid[training][:, allowed].mean(axis=0)
+        return combinations[allowed[int(numpy.argmax(means))]]
+
+    variants = {"tuned": lambda c: True}
+    for name in fold_expansions:
+        variants[f"without_{name.removesuffix('_weight')}"] = lambda c, name=name: c[name] == 0.0
+    variants["tuned_no_expansions"] = lambda c: all(c[n] == 0.0 for n in fold_expansions)
+    # Today's fusion weights kept, only the expansions' weights chosen by the folds (what
+    # ``RecallSettings`` ships: its fusion weights also serve stores without conversations).
+    variants["expansions_only"] = lambda c: all(
+        c[n] == today_weights[n] for n in today_weights if n not in fold_expansions
+    )
+    report: dict = {"grid": {name: list(values) for name, values in fold_grid.items()},
+                    "combinations": len(combinations)}
+    for variant, admits in {"today": None, **variants}.items():
+        folds = []
+        rows = []
+        for held in conversations:
+            testing = [q for q in questions if q.conversation == held]
+            if admits is None:
+                weights = today_weights
+            else:
+                allowed = [n for n, c in enumerate(combinations) if admits(c)]
+                weights = choose(conversation_of != held, allowed)
+            summary = held_out(testing, weights, ks)
+            folds.append({"held_out": held, "weights": weights,
+                          "recall_at_10": summary["recall_at_10"],
+                          "per_category": {c: v["recall_at_10"] for c, v in summary["per_category"].items()}})
+            for question in testing:
+                ranked = question.ranked(weights, max(ks))
+                rows.append((question.category, {k: recall_share(ranked, question.evidence, k) for k in ks}))
+        pooled = summarise(rows, ks)
+        report[variant] = {
+            "mean_held_out_recall_at_10": round(statistics.fmean(f["recall_at_10"] for f in folds), 4),
+            "pooled": {"recall_at_5": pooled["recall_at_5"], "recall_at_10": pooled["recall_at_10"],
+                       "per_category": {c: v["recall_at_10"] for c, v in pooled["per_category"].items()},
+                       "category_5": pooled["category_5"]["recall_at_10"]},
+            "folds": folds,
+        }
+    return report
+
+
+async def run_folds(arguments) -> dict:
+    data = json.loads(Path(arguments.data).read_text())
+    ks = sorted(int(k) for k in arguments.k.split(","))
+    assert 10 in ks, "folds choose by recall@10"
+    embedder = resolve_embedder(arguments.embedder)
+    if embedder is not None and arguments.embedding_cache:
+        embedder = CachedEmbedder(embedder, arguments.embedding_cache)
+    warm_up = getattr(embedder, "warm_up", None)
+    if warm_up is not None:
+        await warm_up()
+    settings = RecallSettings(**json.loads(arguments.settings))
+    started = time.perf_counter()
+    if arguments.lists_cache and Path(arguments.lists_cache).exists():
+        questions = pickle.loads(Path(arguments.lists_cache).read_bytes())
+    else:
+        questions = await gather_questions(arguments, data, embedder, settings)
+        if arguments.lists_cache:
+            Path(arguments.lists_cache).write_bytes(pickle.dumps(questions))
+    gathered = time.perf_counter() - started
+    report = fold_report(questions, ks)
+    return {
+        "bench": "recall_locomo_folds",
+        "data": Path(arguments.data).name,
+        "embedder": getattr(embedder, "fingerprint", None),
+        "settings": json.loads(arguments.settings),
+        "context_turns": arguments.context,
+        "conversations": len(data),
+        "gather_seconds": round(gathered, 1),
+        "grid_seconds": round(time.perf_counter() - started - gathered, 1),
+        **report,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -276,8 +532,13 @@ def main() -> None:
     parser.add_argument("--context", default="2,2", help="turns before,after folded in")
     parser.add_argument("--embedding-cache", default=None, metavar="FILE.npz",
                         help="bench only: reuse embeddings across runs (query latency then excludes the model)")
+    parser.add_argument("--lists-cache", default=None, metavar="FILE.pickle",
+                        help="bench only, with --folds: keep the gathered candidate lists between runs "
+                             "(delete it when the index, tokenizer or embedder changes)")
+    parser.add_argument("--folds", action="store_true",
+                        help="cross-validate fusion weights and expansions over the conversations")
     arguments = parser.parse_args()
-    print(json.dumps(trio.run(run, arguments), ensure_ascii=False))
+    print(json.dumps(trio.run(run_folds if arguments.folds else run, arguments), ensure_ascii=False))
 
 
 if __name__ == "__main__":

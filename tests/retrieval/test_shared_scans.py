@@ -1,8 +1,9 @@
 """Recall's text-index shortcuts give exactly the answers of the full definitions.
 
-Two shortcuts save whole scans of the text index: the facet pre-filter is dropped when the
-filter's candidates are every item there is, and the context-weighted list reuses the text
-list when no allowed item has a context (both rank every match identically then).  Each test
+A shortcut saves whole scans of the text index: the facet pre-filter is dropped when the
+filter's candidates are every item there is.  (The context-weighted list is left out when no
+allowed item has a context: that is a ranking rule since issue 14, tested in
+``test_fusion_context.py``, no longer a shortcut.)  Each test
 compares recall with the shortcuts against recall with them switched off, before and after
 the writes that must turn them off (an item of another tenant, an item with a context), and
 after a reopen that rebuilds the bitmaps from the tables.
@@ -41,7 +42,6 @@ async def answers(index: MemoryIndex, monkeypatch: pytest.MonkeyPatch, *, shortc
     with monkeypatch.context() as patch:
         if not shortcuts:
             patch.setattr(FacetBitmaps, "admits_every_item", lambda self, candidates: False)
-            patch.setattr(FacetBitmaps, "any_with_context", lambda self, allowed: True)
         found = []
         for query in queries:
             for recall_filter in (RecallFilter("host"), RecallFilter("host", scopes=frozenset({"entry-1"}))):

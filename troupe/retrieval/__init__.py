@@ -3,6 +3,7 @@
 from ._background import EmbeddingService
 from ._conversation import ConversationTurn, conversation_items
 from ._exceptions import DuplicateItem, EmbedderMismatch, InvalidTimeWindow, RetrievalError
+from ._expansion import CandidateLists, FusionWeights, fuse_candidates
 from ._filters import RecallFilter
 from ._fusion import RankedList, reciprocal_rank_fusion
 from ._memory_index import (
@@ -26,11 +27,13 @@ from ._time_window import TimeWindow, parse_time_window
 from ._tokenizer import register_tokenizer
 
 __all__ = [
+    "CandidateLists",
     "ConversationTurn",
     "Database",
     "DuplicateItem",
     "EmbedderMismatch",
     "EmbeddingService",
+    "FusionWeights",
     "InvalidTimeWindow",
     "MemoryIndex",
     "MemoryItem",
@@ -46,6 +49,7 @@ __all__ = [
     "apply_schema",
     "connection_setup",
     "conversation_items",
+    "fuse_candidates",
     "parse_time_window",
     "reciprocal_rank_fusion",
     "register_tokenizer",

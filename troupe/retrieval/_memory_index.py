@@ -79,10 +79,23 @@ from pyroaring import BitMap
 from troupe.models._embedder import Embedder
 
 from . import _store
+from ._aliases import AliasTable
 from ._exceptions import EmbedderMismatch, InvalidTimeWindow
+from ._expansion import (
+    CandidateLists,
+    FusionWeights,
+    NeighboursOf,
+    entity_terms,
+    feedback_hits_max,
+    feedback_terms,
+    feedback_terms_max,
+    fuse_candidates,
+    neighbour_gap_seconds_max,
+)
 from ._filters import FacetBitmaps, RecallFilter
-from ._fusion import RankedList, reciprocal_rank_fusion, rrf_rank_constant_default
+from ._fusion import RankedList, rrf_rank_constant_default
 from ._query import TextQuery, text_query
+from ._reindex import open_text_index
 from ._time_window import (
     TimeWindow,
     datetime_from_seconds,
@@ -90,7 +103,7 @@ from ._time_window import (
     seconds_from_datetime,
 )
 from ._time_words import time_words
-from ._tokenizer import is_cjk
+from ._tokenizer import is_cjk, query_terms, query_word_characters
 from ._vector_index import VectorIndex
 
 recall_limit_max = 200
@@ -107,6 +120,14 @@ common_term_pruning_items_min = 10_000
 term_counts_cached_max = 4096
 term_counts_refresh_share = 0.01
 term_counts_refresh_items_min = 1000
+# The characters a recall adds to its query (猫 of 用户的猫叫什么名字, ``_tokenizer``) each cost
+# bm25 a walk of their posting list over the whole table, and a character's list is long (it
+# holds every word the character is in).  From this many live items on, a character is left
+# out when more than this share of the items contain it (it weighs little and costs most), or
+# when it finds no item its two-character word does not (同 of 同事: the bigram already
+# matched them all).  Below it every character is kept: small stores rank exactly as before.
+query_character_pruning_items_min = 10_000
+query_character_items_share_max = 0.02
 
 assert recall_limit_max <= recall_candidate_depth_max
 
@@ -155,12 +176,48 @@ class RecallSettings:
     # module docstring).  At 0.5 or more no ranking among items that match another term
     # changes, because bm25 gives such a term no weight.
     common_term_share_max: float | None = None
+    # Expansions past the first pass (``_expansion``); each is off at weight 0.  Neighbours:
+    # the ``neighbour_turns`` turns either side of the ``neighbour_hits`` strongest hits.
+    # Feedback: up to ``feedback_terms`` terms shared by the ``feedback_hits`` strongest hits
+    # form a second text query.  Entities: the query's non-speaker names as a query of
+    # their own.
+    # Off by default: on held-out LoCoMo folds (``bench/recall_locomo.py --folds``; tables
+    # in ``docs/retrieval.md``) none of them helped with these fusion weights.  When on,
+    # they apply only to recalls over conversation turns (allowed items with a context)
+    # unless ``expansions_without_context``: nothing measured them on stores of facts, where
+    # a neighbour is not a turn and feedback terms are the facts' own words.
+    expansions_without_context: bool = False
+    neighbour_weight: float = 0.0
+    neighbour_hits: int = 3
+    neighbour_turns: int = 1
+    feedback_weight: float = 0.0
+    feedback_hits: int = 5
+    feedback_terms: int = 5
+    entity_weight: float = 0.0
 
     def __post_init__(self) -> None:
         assert 0 < self.candidate_depth <= recall_candidate_depth_max
         assert min(self.text_weight, self.context_weight, self.vector_weight) >= 0.0
         assert self.context_vector_weight >= 0.0
         assert self.common_term_share_max is None or 0.0 < self.common_term_share_max <= 1.0
+        assert min(self.feedback_weight, self.entity_weight, self.neighbour_weight) >= 0.0
+        assert 0 < self.feedback_hits <= feedback_hits_max
+        assert 0 < self.feedback_terms <= feedback_terms_max
+        self.fusion_weights()  # checks the neighbour limits
+
+    def fusion_weights(self) -> FusionWeights:
+        return FusionWeights(
+            rank_constant=self.rank_constant,
+            text_weight=self.text_weight,
+            context_weight=self.context_weight,
+            vector_weight=self.vector_weight,
+            speaker_weight=self.speaker_weight,
+            feedback_weight=self.feedback_weight,
+            entity_weight=self.entity_weight,
+            neighbour_weight=self.neighbour_weight,
+            neighbour_hits=self.neighbour_hits,
+            neighbour_turns=self.neighbour_turns,
+        )
 
 
 @dataclass(frozen=True)
@@ -254,6 +311,29 @@ def without_terms(text: str, terms: Sequence[str]) -> str:
     return " ".join(text.split())
 
 
+@dataclass(frozen=True)
+class _HybridPlan:
+    """What a hybrid recall decided on the event loop, for its storage read."""
+
+    settings: RecallSettings  # with the expansions off when they do not apply
+    fusion_weights: FusionWeights
+    depth: int
+    allowed: BitMap
+    searched: TextQuery | None
+    # The characters ``searched`` gained from the query's short words (-> that word), which
+    # the storage read may leave out (``query_character_pruning_items_min``).
+    characters: dict[str, str]
+    common_limit: int | None
+    facet_expression: str | None
+    candidates: int
+    with_context: bool
+    said: frozenset[int] | None
+    entities: tuple[str, ...]
+    vectors: VectorIndex | None
+    query_vector: numpy.ndarray | None
+    degraded: str | None
+
+
 class MemoryIndex:
     """Hybrid recall over a ``Database``; open with ``await MemoryIndex.open(...)``."""
 
@@ -287,6 +367,8 @@ class MemoryIndex:
         # single dict operations only (atomic under the interpreter lock).
         self._term_counts: dict[str, tuple[int, bool, int]] = {}
         self._items_written = 0
+        # Names the tenant's items pair across scripts (特斯拉/Tesla), for query expansion.
+        self._aliases = AliasTable()
 
     @classmethod
     async def open(
@@ -309,6 +391,8 @@ class MemoryIndex:
             settings=settings or RecallSettings(),
             executor=executor,
         )
+        # Re-indexes the text when the tokenizer changed, and reads the aliases (``_reindex``).
+        index._aliases = await open_text_index(database)
         rows = await database.read(lambda connection: list(_store.facet_rows(connection)))
         index._bitmaps.load_rows(rows)
         del rows
@@ -456,6 +540,8 @@ class MemoryIndex:
 
         ids, sequence = await self._database.write(write)
         self._items_written += len(ids)
+        for row in rows:
+            self._aliases.observe(row.tenant, row.text)
         for item_id, row in zip(ids, rows, strict=True):
             self._bitmaps.add(
                 item_id, row.tenant, row.scope, row.kind, row.visibility, row.speaker, bool(row.context)
@@ -607,14 +693,85 @@ class MemoryIndex:
         settings: RecallSettings,
         query_vector: numpy.ndarray | None,
     ) -> RecallResult:
-        depth = max(settings.candidate_depth, limit)
+        plan = await self._plan_hybrid(query, recall_filter, allowed, limit, settings, query_vector)
+        weights = plan.fusion_weights
+        neighbours_of = self._neighbours_in(plan)
+
+        def search_fuse_fetch(
+            connection: apsw.Connection,
+        ) -> tuple[list[RankedList], list[tuple[int, float]], int, dict[int, _store.ItemRow]]:
+            # One read per recall: the thread hop to the read pool costs more than the
+            # Python work that rides along with it.  The graph search rides along too, off
+            # the event loop (usearch releases the interpreter lock; ``VectorIndex`` locks).
+            candidates = self._gather(connection, plan)
+            fused = fuse_candidates(candidates, weights, neighbours_of)
+            top = fused.ranking[:limit]
+            rows = _store.fetch_items(connection, [item_id for item_id, _ in top])
+            return fused.lists, top, len(fused.ranking), rows
+
+        lists, top, candidates_total, rows = await self._database.read(search_fuse_fetch)
+        positions = {
+            entry.name: {key: rank for rank, key in reversed(list(enumerate(entry.keys, 1)))}
+            for entry in lists
+        }
+        hits = []
+        for item_id, score in top:
+            row = rows.get(item_id)
+            if row is None or row.deleted:  # deleted since the bitmap was read
+                continue
+            ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
+            hits.append(self._hit(row, score, ranks))
+        return RecallResult(
+            hits, "hybrid", degraded=plan.degraded, candidates_total=candidates_total
+        )
+
+    async def recall_candidates(
+        self,
+        query: str,
+        *,
+        recall_filter: RecallFilter,
+        settings: RecallSettings | None = None,
+        query_vector: numpy.ndarray | None = None,
+    ) -> tuple[CandidateLists, NeighboursOf]:
+        """The unfused lists a hybrid recall of ``query`` would fuse, and its neighbour
+        lookup: ``fuse_candidates(lists, settings.fusion_weights(), neighbours_of)`` is the
+        recall's ranking.  For tuning fusion offline (``bench/recall_locomo.py --folds``)."""
+        settings = settings or self.settings
+        query = query.strip()[:recall_query_characters_max]
+        allowed = self._bitmaps.allowed(recall_filter)
+        plan = await self._plan_hybrid(
+            query, recall_filter, allowed, settings.candidate_depth, settings, query_vector
+        )
+        candidates = await self._database.read(lambda connection: self._gather(connection, plan))
+        return candidates, self._neighbours_in(plan)
+
+    async def _plan_hybrid(
+        self,
+        query: str,
+        recall_filter: RecallFilter,
+        allowed: BitMap,
+        limit: int,
+        settings: RecallSettings,
+        query_vector: numpy.ndarray | None,
+    ) -> _HybridPlan:
+        """Everything a hybrid recall decides before its storage read (on the event loop)."""
         tenant = recall_filter.tenant
-        parsed = text_query(query)
+        parsed = text_query(query, characters=True)  # 猫 inside a sentence meets 橘猫
+        plain = frozenset(query_terms(query))
+        characters = {
+            character: word
+            for character, word in query_word_characters(query).items()
+            if character not in plain
+        }
         named, said = self._bitmaps.speakers_mentioned(tenant, parsed.terms)
+        entities: tuple[str, ...] = ()
+        if settings.entity_weight > 0.0:
+            entities = tuple(entity_terms(query, parsed.terms, named))
         if named and not settings.speaker_terms_in_text_query:
             remaining = tuple(term for term in parsed.terms if term not in named)
             if remaining:
-                parsed = TextQuery(remaining)
+                parsed = replace(parsed, terms=remaining)
+        parsed = replace(parsed, terms=self._aliases.expand(tenant, query, parsed.terms))
         candidate_ids = self._bitmaps.candidates(recall_filter)
         candidates = len(candidate_ids)
         facet_expression = None
@@ -638,82 +795,155 @@ class MemoryIndex:
                 query_vector = await self.embed_query(query, recall_filter_tenant=tenant)
             vectors = self._vectors
         searched = None if parsed.is_empty or not allowed else parsed
-        common_limit = self._common_term_limit(settings, searched)
-        text_weights, context_weights = (
-            settings.text_column_weights,
-            settings.context_column_weights,
+        if searched is None:
+            characters = {}
+        else:
+            # The digits of numerals are pruned like characters (no word: by their count only).
+            characters = {
+                character: word
+                for character, word in [*characters.items(), *((number, "") for number in searched.content_only)]
+                if character in searched.terms
+            }
+        with_context = self._bitmaps.any_with_context(allowed)
+        if not with_context and not settings.expansions_without_context:
+            settings = replace(settings, neighbour_weight=0.0, feedback_weight=0.0, entity_weight=0.0)
+            entities = ()
+        return _HybridPlan(
+            settings=settings,
+            fusion_weights=settings.fusion_weights(),
+            depth=max(settings.candidate_depth, limit),
+            allowed=allowed,
+            searched=searched,
+            characters=characters,
+            common_limit=self._common_term_limit(settings, searched),
+            facet_expression=facet_expression,
+            candidates=candidates,
+            # The context list ranks an item by its words in their conversation.  When no
+            # allowed item has a context it would rank every item by its own words a second
+            # time (text then outweighed vectors ~1.7 to 0.5), so it is left out.  Where
+            # some items have contexts, one without keeps its text's place in that list:
+            # left out, an exact match lost to weaker matches that merely have a
+            # conversation around them.
+            with_context=with_context,
+            said=frozenset(said) if named else None,
+            entities=entities,
+            vectors=vectors,
+            query_vector=query_vector,
+            degraded=degraded,
         )
+
+    def _gather(self, connection: apsw.Connection, plan: _HybridPlan) -> CandidateLists:
+        """The candidate lists of one hybrid recall (inside its storage read)."""
+        settings = plan.settings
+        text_ids: list[int] = []
+        context_ids: list[int] = []
+        text_match = None
+        newest_only = False
+        if plan.searched is not None:
+            kept = self._without_idle_characters(connection, plan.searched, plan.characters)
+            if plan.common_limit is not None:
+                kept, newest_only = self._uncommon_terms(connection, kept, plan.common_limit)
+            text_match = kept.match_expression()
+        vector_ids = None
+        if plan.vectors is not None:
+            nearest = plan.vectors.search(plan.query_vector, plan.depth, allowed=plan.allowed)
+            vector_ids = [item_id for item_id, _ in nearest]
+        if text_match is not None and newest_only:
+            text_ids = context_ids = _store.newest_matches(
+                connection, text_match, allowed=plan.allowed, depth=plan.depth,
+                facet_expression=plan.facet_expression, candidates=plan.candidates,
+            )
+        elif text_match is not None:
+            text_ids, context_ids = self._text_lists(connection, plan, text_match)
+        if not plan.with_context:
+            context_ids = []
+        candidates = CandidateLists(
+            text=text_ids, context=context_ids, vector=vector_ids, said=plan.said
+        )
+        if plan.entities and text_match is not None:
+            entity_match = TextQuery(plan.entities).match_expression()
+            candidates = replace(candidates, entity=self._text_lists(connection, plan, entity_match)[0])
+        if settings.feedback_weight > 0.0 and text_match is not None:
+            candidates = replace(candidates, feedback=self._feedback_list(connection, plan, candidates))
+        return candidates
+
+    def _text_lists(
+        self, connection: apsw.Connection, plan: _HybridPlan, text_match: str
+    ) -> tuple[list[int], list[int]]:
+        """The text list and the context-weighted list for ``text_match``."""
+        text_weights = plan.settings.text_column_weights
+        context_weights = plan.settings.context_column_weights
         # The two lists differ only in the weight of the context column; when no allowed
-        # item has a context, both rank every match identically (bm25's length term counts
-        # tokens, not weights), so one scan serves both.
-        one_scan = (text_weights[0], text_weights[2]) == (
-            context_weights[0],
-            context_weights[2],
-        ) and not self._bitmaps.any_with_context(allowed)
-        weights = (text_weights,) if one_scan else (text_weights, context_weights)
+        # item has a context, the context list is empty anyway, so one scan serves.
+        weights = (text_weights,) if not plan.with_context else (text_weights, context_weights)
+        found = _store.text_search_lists(
+            connection,
+            text_match,
+            allowed=plan.allowed,
+            depth=plan.depth,
+            column_weights=weights,
+            facet_expression=plan.facet_expression,
+            candidates=plan.candidates,
+        )
+        return found[0], (found[1] if len(found) > 1 else [])
 
-        def search_fuse_fetch(
-            connection: apsw.Connection,
-        ) -> tuple[list[RankedList], list[tuple[int, float]], int, dict[int, _store.ItemRow]]:
-            # One read per recall: the thread hop to the read pool costs more than the
-            # Python work that rides along with it.  The graph search rides along too, off
-            # the event loop (usearch releases the interpreter lock; ``VectorIndex`` locks).
-            lists: list[RankedList] = []
-            text_match = None
-            newest_only = False
-            if searched is not None:
-                kept = searched
-                if common_limit is not None:
-                    kept, newest_only = self._uncommon_terms(connection, searched, common_limit)
-                text_match = kept.match_expression()
-            vector_ids = None
-            if vectors is not None:
-                nearest = vectors.search(query_vector, depth, allowed=allowed)
-                vector_ids = [item_id for item_id, _ in nearest]
-            if text_match is not None and newest_only:
-                text_ids = context_ids = _store.newest_matches(
-                    connection, text_match, allowed=allowed, depth=depth,
-                    facet_expression=facet_expression, candidates=candidates,
-                )
-                lists.append(RankedList("text", text_ids, settings.text_weight))
-                lists.append(RankedList("context", context_ids, settings.context_weight))
-            elif text_match is not None:
-                found = _store.text_search_lists(
-                    connection,
-                    text_match,
-                    allowed=allowed,
-                    depth=depth,
-                    column_weights=weights,
-                    facet_expression=facet_expression,
-                    candidates=candidates,
-                )
-                text_ids, context_ids = found[0], found[-1]
-                lists.append(RankedList("text", text_ids, settings.text_weight))
-                lists.append(RankedList("context", context_ids, settings.context_weight))
-            if vector_ids is not None:
-                lists.append(RankedList("vector", vector_ids, settings.vector_weight))
-            fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
-            if named and settings.speaker_weight > 0.0:
-                spoken = [item_id for item_id, _ in fused if item_id in said]
-                lists.append(RankedList("speaker", spoken, settings.speaker_weight))
-                fused = reciprocal_rank_fusion(lists, rank_constant=settings.rank_constant)
-            top = fused[:limit]
-            rows = _store.fetch_items(connection, [item_id for item_id, _ in top])
-            return lists, top, len(fused), rows
+    def _feedback_list(
+        self, connection: apsw.Connection, plan: _HybridPlan, first_pass: CandidateLists
+    ) -> list[int]:
+        """Pseudo-relevance feedback: a text list for the terms the strongest first-pass hits
+        share (the neighbour expansion is left out of the first pass)."""
+        settings = plan.settings
+        weights = replace(settings.fusion_weights(), neighbour_weight=0.0, feedback_weight=0.0)
+        top = fuse_candidates(first_pass, weights).ranking[: settings.feedback_hits]
+        rows = _store.fetch_items(connection, [item_id for item_id, _ in top])
+        texts = [
+            vector_document_text(rows[item_id].text, rows[item_id].speaker)
+            for item_id, _ in top
+            if item_id in rows
+        ]
+        assert plan.searched is not None
+        terms = feedback_terms(texts, plan.searched.terms, terms_max=settings.feedback_terms)
+        if not terms:
+            return []
+        # The query's own terms stay (Rocchio-style): with the new terms alone, an item
+        # that is exactly the question but shares nothing else would miss this list.
+        expanded = replace(plan.searched, terms=tuple(plan.searched.terms) + tuple(terms))
+        return self._text_lists(connection, plan, expanded.match_expression())[0]
 
-        lists, top, candidates_total, rows = await self._database.read(search_fuse_fetch)
-        positions = {
-            entry.name: {key: rank for rank, key in reversed(list(enumerate(entry.keys, 1)))}
-            for entry in lists
-        }
-        hits = []
-        for item_id, score in top:
-            row = rows.get(item_id)
-            if row is None or row.deleted:  # deleted since the bitmap was read
-                continue
-            ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
-            hits.append(self._hit(row, score, ranks))
-        return RecallResult(hits, "hybrid", degraded=degraded, candidates_total=candidates_total)
+    def _neighbours_in(self, plan: _HybridPlan) -> NeighboursOf:
+        """``neighbours_of`` over the plan's allowed ids: the adjacent allowed ids (ids follow
+        insertion order, so a conversation's turns are adjacent) within one sitting; none
+        when the plan's neighbour expansion is off."""
+        allowed = plan.allowed
+        if plan.fusion_weights.neighbour_weight <= 0.0:
+            return lambda item_id, turns: ()
+        # Turns of a conversation carry a context (``conversation_items``); when the store
+        # has any, only such items are neighbours: a fact written a minute after another is
+        # not the next turn of its conversation.
+        turns_only = self._bitmaps.with_context if plan.with_context else None
+        # The in-memory item times of ``FacetBitmaps`` (start seconds per id, NaN if none).
+        starts = self._bitmaps._time_start  # noqa: SLF001 - same package, read only
+
+        def neighbours_of(item_id: int, turns: int) -> list[int]:
+            if item_id not in allowed or item_id >= len(starts):
+                return []
+            if turns_only is not None and item_id not in turns_only:
+                return []
+            position = allowed.rank(item_id) - 1
+            found = []
+            for step in range(1, turns + 1):
+                for other in (position + step, position - step):
+                    if 0 <= other < len(allowed):
+                        neighbour = allowed[other]
+                        if (
+                            neighbour < len(starts)
+                            and (turns_only is None or neighbour in turns_only)
+                            and abs(starts[neighbour] - starts[item_id]) <= neighbour_gap_seconds_max
+                        ):
+                            found.append(neighbour)
+            return found
+
+        return neighbours_of
 
     # -- common terms ----------------------------------------------------------------------
 
@@ -738,26 +968,60 @@ class MemoryIndex:
         text list should instead be the newest items of the (common) query: when no other
         term matches anything.  Runs in the recall's read: counts come from the text index
         itself, cached per term (see ``term_counts_*``)."""
-        written = self._items_written
-        stale_after = max(term_counts_refresh_items_min, int(self._live_items() * term_counts_refresh_share))
         kept = []
         kept_matching = False
         for term in query.terms:
-            cached = self._term_counts.get(term)
-            if cached is None or written - cached[2] > stale_after or (cached[1] and cached[0] <= limit):
-                if len(self._term_counts) >= term_counts_cached_max:
-                    self._term_counts.clear()
-                count = _store.matching_items(connection, TextQuery((term,)).match_expression(), cap=limit + 1)
-                cached = (count, count > limit, written)
-                self._term_counts[term] = cached
-            if cached[0] <= limit:
+            count = self._term_count(connection, query, term, limit)
+            if count <= limit:
                 kept.append(term)
-                kept_matching = kept_matching or cached[0] > 0
+                kept_matching = kept_matching or count > 0
         if kept_matching:
-            return TextQuery(tuple(kept)), False
+            return replace(query, terms=tuple(kept)), False
         # Only common terms match: bm25 weighs them all ~zero, so the newest of their items
         # stand in for a ranking that would cost a scan of most of the index.
         return query, len(kept) < len(query.terms)
+
+    def _term_count(self, connection: apsw.Connection, query: TextQuery, term: str, limit: int) -> int:
+        """How many items match ``term`` as ``query`` searches it, counted no further than
+        ``limit + 1``; cached per term until ``term_counts_refresh_share`` of the items
+        changed."""
+        written = self._items_written
+        stale_after = max(term_counts_refresh_items_min, int(self._live_items() * term_counts_refresh_share))
+        content_only = query.content_only & {term}
+        expression = TextQuery((term,), content_only=content_only).match_expression()
+        key = expression if content_only else term  # a typed 3 also matches the time words
+        cached = self._term_counts.get(key)
+        if cached is None or written - cached[2] > stale_after or (cached[1] and cached[0] <= limit):
+            if len(self._term_counts) >= term_counts_cached_max:
+                self._term_counts.clear()
+            count = _store.matching_items(connection, expression, cap=limit + 1)
+            cached = (count, count > limit, written)
+            self._term_counts[key] = cached
+        return cached[0]
+
+    def _without_idle_characters(
+        self, connection: apsw.Connection, query: TextQuery, characters: dict[str, str]
+    ) -> TextQuery:
+        """``query`` without the added characters that cost a long walk for nothing (see
+        ``query_character_pruning_items_min``).  Runs in the recall's read, counts cached."""
+        if not characters:
+            return query
+        live = self._live_items()
+        if live < query_character_pruning_items_min:
+            return query
+        limit = int(live * query_character_items_share_max)
+        idle = set()
+        for character, word in characters.items():
+            count = self._term_count(connection, query, character, limit)
+            if count > limit:
+                idle.add(character)
+            elif len(word) > 1 and word in query.terms:
+                word_count = self._term_count(connection, query, word, limit)
+                if word_count <= limit and count <= word_count:
+                    idle.add(character)
+        kept = tuple(term for term in query.terms if term not in idle)
+        # Only idle characters: they are the whole query, kept (nothing cheaper can answer).
+        return replace(query, terms=kept) if kept else query
 
     @staticmethod
     def _hit(row: _store.ItemRow, score: float | None, ranks: dict[str, int]) -> RecallHit:

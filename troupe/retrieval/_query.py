@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._tokenizer import is_cjk, query_terms
+from ._tokenizer import is_cjk, query_numbers, query_terms
 
 query_terms_max = 32
 
@@ -50,9 +50,13 @@ def is_stop_term(term: str) -> bool:
     return term in english_stop_words
 
 
-def content_terms(text: str) -> list[str]:
-    """The distinct content terms of a query, in order; stop words only if nothing else."""
-    terms = list(dict.fromkeys(query_terms(text)))
+def content_terms(text: str, *, characters: bool = False) -> list[str]:
+    """The distinct content terms of a query, in order; stop words only if nothing else.
+
+    ``characters``: also the characters of the query's short Chinese words (see
+    ``query_terms``), for recall's text lists; term-share checks (forget) and feedback terms
+    keep the plain terms."""
+    terms = list(dict.fromkeys(query_terms(text, characters=characters)))
     content = [term for term in terms if not is_stop_term(term)]
     return (content or terms)[:query_terms_max]
 
@@ -66,25 +70,31 @@ class TextQuery:
     """A query's content terms and the FTS5 MATCH expression that ORs them."""
 
     terms: tuple[str, ...]
+    # Terms searched in the message and its context only (besides single CJK characters,
+    # which always are): the digits a numeral adds (``query_numbers``).
+    content_only: frozenset[str] = frozenset()
 
     @property
     def is_empty(self) -> bool:
         return not self.terms
 
     def match_expression(self, columns: tuple[str, ...] | None = None) -> str:
-        """``"a" OR "b" OR 星*``, optionally restricted to ``columns``."""
+        """``"a" OR "b" OR "星"``, optionally restricted to ``columns``."""
         assert self.terms
-        parts = []
-        for term in self.terms:
-            if is_cjk(term) and len(term) == 1:
-                parts.append(_quoted(term) + " *")  # one character: prefix of the bigrams
-            else:
-                parts.append(_quoted(term))
-        expression = " OR ".join(parts)
+        # One character is a token of its own (colocated with its bigrams): no prefix query.
+        # It is searched in the message and its context only: in the time words (星期一,
+        # 下午, 5月8日) a character is in every item and would make each of them a match.
+        expression = " OR ".join(
+            "{text context} : " + _quoted(term)
+            if (is_cjk(term) and len(term) == 1) or term in self.content_only
+            else _quoted(term)
+            for term in self.terms
+        )
         if columns:
             return "{" + " ".join(columns) + "} : (" + expression + ")"
         return expression
 
 
-def text_query(text: str) -> TextQuery:
-    return TextQuery(tuple(content_terms(text)))
+def text_query(text: str, *, characters: bool = False) -> TextQuery:
+    terms = tuple(content_terms(text, characters=characters))
+    return TextQuery(terms, content_only=query_numbers(text).intersection(terms))

@@ -21,13 +21,18 @@ import apsw
 
 from troupe.storage import Migration
 
+from ._reindex import meta_table_sql
 from ._store import schema_sql
 from ._tokenizer import register_tokenizer
 
 migration_component = "retrieval"
 
 # (number, name, sql): append, never edit a shipped one.
-migration_steps: tuple[tuple[int, str, str], ...] = ((1, "items, text index, vectors", schema_sql),)
+migration_steps: tuple[tuple[int, str, str], ...] = (
+    (1, "items, text index, vectors", schema_sql),
+    # The tokenizer version lives here; no row means "built before versions" (``_reindex``).
+    (2, "retrieval meta (tokenizer version)", meta_table_sql),
+)
 
 connection_setup = (register_tokenizer,)
 
