@@ -153,11 +153,16 @@ async def load(instance: Instance, first: int, count: int) -> None:
         await instance.engine.write(lambda connection, plan=plan: _load_job(connection, plan))
 
 
+_held_digests = "SELECT digest FROM sync_ops UNION ALL SELECT digest FROM sync_covered"
+"""Every operation a replica holds: compaction moves covered upserts from ``sync_ops`` to
+``sync_covered`` (digest kept), so a replica's operation set is the union of both."""
+
+
 def _replica_state(connection: Any) -> tuple[int, int, str]:
-    operations = connection.execute("SELECT count(*) FROM sync_ops").fetchone()[0]
+    operations = connection.execute(f"SELECT count(*) FROM ({_held_digests})").fetchone()[0]
     items = connection.execute("SELECT count(*) FROM knowledge_items WHERE scope LIKE 'shared:%'").fetchone()[0]
     digest = hashlib.sha256()
-    for (value,) in connection.execute("SELECT digest FROM sync_ops ORDER BY digest"):
+    for (value,) in connection.execute(f"SELECT digest FROM ({_held_digests}) ORDER BY digest"):
         digest.update(value.encode())
     return operations, items, digest.hexdigest()
 
