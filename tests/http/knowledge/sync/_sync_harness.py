@@ -12,7 +12,7 @@ import httpx
 import trio
 
 from tests.http.knowledge._knowledge_harness import KnowledgeServer, bill, start_knowledge_server
-from troupe.actors.knowledge.sync import SyncSettings
+from troupe.actors.knowledge.sync import SyncSettings, item_sync_state
 
 fast_sync = SyncSettings(gossip_interval_seconds=0.05, anti_entropy_interval_seconds=0.5,
                          retry_seconds_min=0.1, retry_seconds_max=0.5)
@@ -63,16 +63,34 @@ async def shared_state(server: KnowledgeServer) -> list[tuple[Any, ...]]:
     return await server.engine.read(read)
 
 
+async def operation_digests(server: KnowledgeServer) -> list[tuple[str, str | None]]:
+    """Per item of the operation log, the digest ``/sync/state`` answers (over the operations
+    no other held one covers): equal on two devices exactly when they hold the same edits."""
+
+    def read(connection: Any) -> list[tuple[str, str | None]]:
+        ids = [row[0] for row in connection.execute("SELECT DISTINCT knowledge_id FROM sync_ops ORDER BY 1")]
+        return [(knowledge_id, item_sync_state(connection, knowledge_id).operation_digest) for knowledge_id in ids]
+
+    return await server.engine.read(read)
+
+
 async def converged(servers: list[KnowledgeServer], *, seconds: float = 20.0, count: int | None = None) -> list:
+    """Wait until every device shows the same shared state AND holds the same operations of
+    every item.  The state alone is not enough: when A's edit wins, B shows it as soon as it
+    arrives, while B's losing edit may still be on its way to A (a push refused while A was
+    paused is retried after a backoff), so the operation digests differ for a while yet."""
     states: list = []
+    digests: list = []
     with trio.move_on_after(seconds):
         while True:
             states = [await shared_state(server) for server in servers]
+            digests = [await operation_digests(server) for server in servers]
             items = [row for row in states[0] if row[0] == "item"]
-            if all(state == states[0] for state in states) and (count is None or len(items) == count):
+            if all(state == states[0] for state in states) and all(held == digests[0] for held in digests) \
+                    and (count is None or len(items) == count):
                 return states[0]
             await trio.sleep(0.05)
-    raise AssertionError(f"no convergence in {seconds} s: {states}")
+    raise AssertionError(f"no convergence in {seconds} s: {states} {digests}")
 
 
 async def item_ids(server: KnowledgeServer) -> list[str]:

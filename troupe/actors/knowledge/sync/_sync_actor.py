@@ -10,8 +10,9 @@ the turns) does the network calls, so a slow peer never blocks ``/sync/status``.
 The loop, every ``gossip_interval_seconds`` while sync is enabled and a peer is paired:
 
 1. capture: drain the outbox into signed local operations (``_oplog.capture``), paused or not;
-2. unless paused, gossip: push each peer this device's operations it misses by the version
-   vector it last answered (pages of ``push_operations_max`` / ``push_body_bytes_max``, every
+2. unless paused (checked again right before every request: a pause answered during a round
+   stops it before its next send), gossip: push each peer this device's operations it misses
+   by the version vector it last answered (pages of ``push_operations_max`` / ``push_body_bytes_max``, every
    page until none is left; nothing missing, no request); a peer that fails
    is marked offline (``sync_event`` PEER_OFFLINE) and retried after an exponential backoff
    (``retry_seconds_min`` doubling up to ``retry_seconds_max``); a peer that answers again is
@@ -275,6 +276,20 @@ def _placeholder_valid(document: Mapping[str, Any], keys: Mapping[str, str], own
     return (isinstance(origin, str) and origin in keys and origin != own and isinstance(counter, int)
             and not isinstance(counter, bool) and counter >= 1 and isinstance(knowledge_id, str)
             and valid_knowledge_id(knowledge_id) and isinstance(digest, str) and len(digest) == digest_characters)
+
+
+class _SendingStopped(Exception):
+    """``/sync/settings`` paused or disabled sync while a round was in progress: the round sends
+    nothing more (the contract applies settings at once; a round that carried on would push
+    operations made after the pause was answered)."""
+
+
+def _switches_open(connection: Any, enabled_default: bool) -> bool:
+    """Whether the persisted switches let operations move (enabled and not paused), read in the
+    caller's transaction: a job that stores received operations, or a read that picks what to
+    send, then sees the switch and the data of one instant."""
+    return bool(setting_get(connection, setting_enabled, enabled_default)) and not bool(
+        setting_get(connection, setting_paused, False))
 
 
 def _refused(message: str) -> KnowledgeRefused:
@@ -615,7 +630,10 @@ class SyncActor(Actor):
             return sender
         if not self.enabled or self.paused:
             return SyncPaused()
-        applied, duplicates, refused = await self._apply(request.operations, sender.device_id)
+        result = await self._apply(request.operations, sender.device_id)
+        if result is None:  # paused while this request was on its way in
+            return SyncPaused()
+        applied, duplicates, refused = result
         now, identity = self.context.env.clock.wall(), self._identity()
 
         def reached(connection: Any) -> dict[str, int]:
@@ -633,13 +651,22 @@ class SyncActor(Actor):
         await self._take_records(request.members)
         applied = 0
         if request.operations:
-            applied, _, _ = await self._apply(request.operations, sender.device_id)
+            result = await self._apply(request.operations, sender.device_id)
+            if result is None:  # paused while this request was on its way in
+                return SyncPaused()
+            applied = result[0]
         await self._capture()
         theirs = {str(origin): int(counter) for origin, counter in dict(request.version_vector).items()
                   if isinstance(counter, int) and not isinstance(counter, bool)}
         identity = self._identity()
 
-        def read(connection: Any) -> tuple[dict[str, int], list[bytes], bool, list[dict[str, Any]], str]:
+        default = self.settings.enabled_default
+
+        def read(connection: Any) -> tuple[dict[str, int], list[bytes], bool, list[dict[str, Any]], str] | None:
+            # The switch and the operations of one snapshot: an edit made after a pause was
+            # answered is never in the answer of a request that was already being handled.
+            if not _switches_open(connection, default):
+                return None
             revoked = domain_trust(connection, identity).revoked
             missing, more = operations_missing_documents(
                 connection, theirs, operations_max=push_operations_max, bytes_max=push_body_bytes_max,
@@ -648,7 +675,10 @@ class SyncActor(Actor):
             members = domain_records(connection) if request.members_digest and digest != request.members_digest else []
             return advertised_vector(connection, revoked), missing, more, members, digest
 
-        ours, missing, more, members, digest = await self.context.storage.read(read)
+        found = await self.context.storage.read(read)
+        if found is None:
+            return SyncPaused()
+        ours, missing, more, members, digest = found
         await self._record_known(sender, theirs)
         return DigestAnswer(ours, tuple(missing), more, applied, tuple(members), digest)
 
@@ -658,12 +688,14 @@ class SyncActor(Actor):
                 ApplyOperations(documents=documents, sender=sender), timeout=sync_ask_seconds)
         except ActorError as error:  # its mailbox full, a timeout, a crashed turn: apply it here
             logger.info("the inbound sync actor did not apply a pulled batch: %s", type(error).__name__)
-            applied, _, _ = await self._apply(documents, sender)
-            return applied
+            result = await self._apply(documents, sender)
+            return 0 if result is None else result[0]
 
     async def _apply_pulled(self, request: ApplyOperations) -> int:
-        applied, _, _ = await self._apply(request.documents, request.sender)
-        return applied
+        """Operations an anti-entropy answer carried; none when sync was paused meanwhile
+        (anti-entropy after the resume exchanges them again)."""
+        result = await self._apply(request.documents, request.sender)
+        return 0 if result is None else result[0]
 
     async def _take_records(self, documents: Sequence[Any]) -> None:
         """Store a peer's membership records; announce the peers the domain revoked here."""
@@ -718,12 +750,13 @@ class SyncActor(Actor):
             return None
         return operation, digest, stored
 
-    async def _apply(self, documents: Sequence[Any], sender: str) -> tuple[int, int, int]:
+    async def _apply(self, documents: Sequence[Any], sender: str) -> tuple[int, int, int] | None:
         """Store, merge and materialise a batch of peer operations in one job (``sender``: the
         device whose signed request carried them).  Operations the version vector says are
         held already are dropped before anything is decoded or verified: anti-entropy and
         gossip running side by side deliver many twice, and the second copy costs a dict
-        lookup instead of a digest and a signature check."""
+        lookup instead of a digest and a signature check.  None: sync was paused or disabled
+        by the time the job ran (the switch is read in the job's transaction), nothing stored."""
         documents = list(documents)
         keys, held = await self.context.storage.read(self._trust_and_vector)
         identity = self._identity()
@@ -749,10 +782,13 @@ class SyncActor(Actor):
                 duplicates += 1
         if not operations and not placeholders:
             return 0, duplicates, refused
-        now = self.context.env.clock.wall()
+        now, default = self.context.env.clock.wall(), self.settings.enabled_default
 
-        def job(connection: Any) -> tuple[int, list[str], list[Any]]:
-            changed, events = [], []
+        def job(connection: Any) -> tuple[int, list[str], list[Any]] | None:
+            if not _switches_open(connection, default):
+                return None  # paused or disabled since the request came in: nothing is accepted
+            changed: list[str] = []
+            events: list[Any] = []
             placed = store_covered(connection, placeholders) if placeholders else 0
             if not operations:
                 return placed, changed, events
@@ -765,7 +801,10 @@ class SyncActor(Actor):
             setting_add(connection, setting_total_ops_synced, batch.applied)
             return batch.applied + placed, changed, events
 
-        applied, changed, events = await self.context.storage.write(job)
+        stored = await self.context.storage.write(job)
+        if stored is None:
+            return None
+        applied, changed, events = stored
         self._reindex(changed)
         for event in events:
             publish_event(self.context.system, event)
@@ -838,6 +877,9 @@ class SyncActor(Actor):
                 pushed += await self._gossip(peer)
                 if due:
                     pulled += await self._anti_entropy(peer)
+            except _SendingStopped:
+                # Paused or disabled midway: no later send; anti-entropy stays due for the resume.
+                return SyncRoundDone(captured, pushed, pulled, reached)
             except PeerUnreachable as error:
                 logger.info("the sync peer %s was not reached: %s", peer.device_id, error)
                 await self._missed(peer)
@@ -860,6 +902,13 @@ class SyncActor(Actor):
             self._announce_event("ANTI_ENTROPY_DONE", identity.device_id, identity.device_name)
         return SyncRoundDone(captured, pushed, pulled, reached)
 
+    def _check_sending(self) -> None:
+        """Called right before every request that carries operations or vectors, with no await
+        between it and the request: ``_update_settings`` sets the switches before it answers,
+        so once a pause is answered no later request of a round in progress leaves."""
+        if not self.enabled or self.paused:
+            raise _SendingStopped()
+
     async def _missed(self, peer: Peer) -> None:
         delay = min(self.settings.retry_seconds_max, self.settings.retry_seconds_min * 2 ** min(peer.failures, 16))
         retry_at = self.context.env.clock.wall() + delay
@@ -879,6 +928,7 @@ class SyncActor(Actor):
                                              bytes_max=push_body_bytes_max, origins=[identity.device_id])))
             if not documents:
                 break
+            self._check_sending()
             answer = await post_to_peer(env.http, identity, peer.address, peer_ops_path, None, env.clock.wall(),
                                         body=operations_body(documents))
             theirs = _vector(answer.get("version_vector") if isinstance(answer, dict) else None)
@@ -931,6 +981,7 @@ class SyncActor(Actor):
             fields: dict[str, Any] = {"version_vector": ours, "members_digest": digest}
             if records_wanted:
                 fields["members"], records_wanted = members, False
+            self._check_sending()
             answer = await post_to_peer(env.http, identity, peer.address, peer_digest_path, None, env.clock.wall(),
                                         body=operations_body(outgoing, **fields))
             if not isinstance(answer, dict):
