@@ -40,6 +40,7 @@ from ._middleware import (
     send_seconds_max_default,
     send_seconds_scope_key,
 )
+from ._plain_route import read_request_body, send_answer
 from ._shutdown import ShutdownSignal
 from ._sse import SseEvent, heartbeat_frame, heartbeat_seconds_default, sse_frames, sse_response
 
@@ -71,8 +72,10 @@ __all__ = [
     "loopback_host_names",
     "metrics_content_type",
     "protect",
+    "read_request_body",
     "render_metrics",
     "request_body_bytes_max_default",
+    "send_answer",
     "send_error",
     "send_lingering",
     "send_seconds_max_default",

@@ -67,11 +67,12 @@ from typing import Any
 
 import trio
 
-from troupe.auth import TokenNameTaken, TokenScope, new_token_secret, token_create
+from troupe.auth import TokenScope, new_token_secret
 from troupe.models import Completion, Usage
 from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._tokens import TokenGrant, write_tokens
 from ._trace_queries import OverrunningTurns, PoisonedReminders, _TraceFollower
 from ._violation import Violation
 from ._workload import World, register_workload
@@ -279,19 +280,8 @@ class HostGoalsWorkload:
             return True
         if not self.secrets:
             self.secrets = {token.name: new_token_secret(world.random) for token in self.tokens}
-        now, secrets, tokens = world.env.clock.wall(), dict(self.secrets), self.tokens
-
-        def job(connection: Any) -> None:
-            for token in tokens:
-                try:
-                    token_create(connection, name=token.name, scope=token.scope, secret=secrets[token.name],
-                                 created_at=now)
-                except TokenNameTaken:
-                    pass
-
-        try:
-            await world.engine.write(job)
-        except StorageError:
+        grants = [TokenGrant(token.name, token.scope, self.secrets[token.name]) for token in self.tokens]
+        if not await write_tokens(world, grants):
             return False
         self.tokens_generation = world.generation
         return True

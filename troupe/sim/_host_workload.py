@@ -51,11 +51,12 @@ from typing import Any
 
 import trio
 
-from troupe.auth import TokenNameTaken, TokenScope, new_token_secret, token_create
+from troupe.auth import TokenScope, new_token_secret
 from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
 from ._host_goals_workload import HostGoalsWorkload
+from ._tokens import TokenGrant, write_tokens
 from ._trace_queries import OverrunningTurns, PoisonedReminders
 from ._violation import Violation
 from ._workload import World, register_workload
@@ -222,20 +223,8 @@ class HostWorkload:
             return True
         if not self.secrets:
             self.secrets = {token.name: new_token_secret(world.random) for token in host_tokens}
-        now = world.env.clock.wall()
-        secrets = dict(self.secrets)
-
-        def job(connection: Any) -> None:
-            for token in host_tokens:
-                try:
-                    token_create(connection, name=token.name, scope=token.scope, secret=secrets[token.name],
-                                 created_at=now)
-                except TokenNameTaken:
-                    pass
-
-        try:
-            await world.engine.write(job)
-        except StorageError:
+        grants = [TokenGrant(token.name, token.scope, self.secrets[token.name]) for token in host_tokens]
+        if not await write_tokens(world, grants):
             return False
         self.tokens_generation = world.generation
         return True

@@ -35,15 +35,14 @@ from typing import Any
 import trio
 
 from troupe.auth import (
-    TokenNameTaken,
     TokenScope,
     new_token_secret,
     sessions_audience,
-    token_create,
 )
 from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError
+from ._tokens import TokenGrant, write_tokens
 from ._violation import Violation
 from ._workload import World, register_workload
 
@@ -113,20 +112,9 @@ class SessionsApiWorkload:
         if not self.phones:
             for index in range(phones_count):
                 self.phones[index] = _Phone(index, f"u_api{index}", f"sim-api-{index}", new_token_secret(world.random))
-        now = world.env.clock.wall()
-        phones = list(self.phones.values())
-
-        def job(connection: Any) -> None:
-            for phone in phones:
-                try:
-                    token_create(connection, name=phone.token_name, scope=TokenScope.of_end_user(phone.end_user),
-                                 secret=phone.secret, created_at=now, audience=sessions_audience)
-                except TokenNameTaken:
-                    pass
-
-        try:
-            await world.engine.write(job)
-        except StorageError:
+        grants = [TokenGrant(phone.token_name, TokenScope.of_end_user(phone.end_user), phone.secret, sessions_audience)
+                  for phone in self.phones.values()]
+        if not await write_tokens(world, grants):
             return False
         self.tokens_generation = world.generation
         return True

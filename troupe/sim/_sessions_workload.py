@@ -65,15 +65,14 @@ import httpx
 import trio
 
 from troupe.auth import (
-    TokenNameTaken,
     TokenScope,
     new_token_secret,
     sessions_audience,
-    token_create,
 )
 from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._tokens import TokenGrant, write_tokens
 from ._violation import Violation
 from ._workload import World, register_workload
 
@@ -223,20 +222,9 @@ class SessionsWorkload:
             for index in range(4):
                 self.phones[index] = _Phone(index, f"u_phone{index}", f"sim-phone-{index}",
                                             new_token_secret(world.random))
-        now = world.env.clock.wall()
-        phones = list(self.phones.values())
-
-        def job(connection: Any) -> None:
-            for phone in phones:
-                try:
-                    token_create(connection, name=phone.token_name, scope=TokenScope.of_end_user(phone.end_user),
-                                 secret=phone.secret, created_at=now, audience=sessions_audience)
-                except TokenNameTaken:
-                    pass
-
-        try:
-            await world.engine.write(job)
-        except StorageError:
+        grants = [TokenGrant(phone.token_name, TokenScope.of_end_user(phone.end_user), phone.secret, sessions_audience)
+                  for phone in self.phones.values()]
+        if not await write_tokens(world, grants):
             return False
         self.tokens_generation = world.generation
         return True

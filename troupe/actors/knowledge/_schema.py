@@ -200,6 +200,9 @@ knowledge_lookup_indexes_sql = """
     CREATE INDEX knowledge_items_by_title ON knowledge_items (scope, title);
 """
 
+# Restates migration 1's knowledge_receipts columns on purpose: SQLite cannot change a primary
+# key in place, so the table is rebuilt under its new key, and a migration must keep the text it
+# shipped with (a shared column list edited later would change what migration 3 did).
 knowledge_receipts_per_scope_sql = """
     CREATE TABLE knowledge_receipts_per_scope (
         namespace TEXT NOT NULL,

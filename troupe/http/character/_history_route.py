@@ -31,6 +31,7 @@ from troupe.actors.character import (
     character_kind_name,
     parse_input_history,
 )
+from troupe.http import read_request_body, send_answer
 
 from ._errors import CharacterError, encode_document
 from ._gate import route_of
@@ -41,7 +42,7 @@ logger = logging.getLogger("troupe.character")
 history_requests = {"cache": CacheHistory, "process": ProcessHistory, "renew": RenewHistory, "settle": SettleHistory}
 """The operations this route serves and the character request each one asks."""
 
-json_content_type = b"application/json"
+json_content_type = "application/json"
 
 Ask = Callable[..., Awaitable[Any]]
 ActorFailure = type[Exception]
@@ -63,7 +64,7 @@ class HistoryRoute:
         name = route.operation.name
         headers: dict[str, str] = {}
         try:
-            data = await _read_body(receive)
+            data = await read_request_body(receive)
             if data is None:
                 return  # the client disconnected before sending its body: nobody to answer
             status, document = 200, await self._answer(name, route.character_name, data)
@@ -74,13 +75,7 @@ class HistoryRoute:
                 logger.exception("character route %s failed", name, exc_info=exc)
             status, document = self.failures[name]
         body = encode_document(document)
-        start_headers = [
-            (b"content-type", json_content_type),
-            (b"content-length", str(len(body)).encode("ascii")),
-            *((key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in headers.items()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": start_headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_answer(send, status, body, content_type=json_content_type, headers=headers)
 
     async def _answer(self, name: str, character: str | None, data: bytes) -> Any:
         assert character is not None, "the gate names the character of a history route"
@@ -90,18 +85,6 @@ class HistoryRoute:
             return {"status": "error", "message": messages}
         reply = await self.ask(character_kind_name, character, history_requests[name](messages=tuple(messages)))
         return reply.encode()
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The whole request body (the gate's ``BodyLimit`` bounds it), or None on disconnect."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 __all__ = ["HistoryRoute", "history_requests"]

@@ -29,6 +29,7 @@ from troupe.actors.host import (
     StorageUnavailable,
     entry_kind_name,
 )
+from troupe.http import read_request_body, send_answer
 from troupe.storage import StorageError
 
 from ._errors import (
@@ -66,7 +67,7 @@ class IntakeRoute:
         try:
             if scope["method"] != "POST":
                 raise HostError(400, code_method_not_allowed, headers={"Allow": allowed_methods})
-            data = await _read_body(receive)
+            data = await read_request_body(receive)
             if data is None:
                 return  # the client disconnected before sending its body: nobody to answer
             status, headers, body = 200, {}, await self._accept(scope, data)
@@ -78,13 +79,7 @@ class IntakeRoute:
         except Exception:
             logger.exception("unhandled error in the host intake route")
             status, headers, body = 500, {}, encode_document(error_document(code_internal_error))
-        start_headers = [
-            (b"content-type", json_media_type.encode("ascii")),
-            (b"content-length", str(len(body)).encode("ascii")),
-            *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": start_headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_answer(send, status, body, content_type=json_media_type, headers=headers)
 
     async def _accept(self, scope: Any, data: bytes) -> bytes:
         admission = admission_of(scope)
@@ -114,18 +109,6 @@ def _media_type(scope: Any) -> str:
         if name.lower() == b"content-type":
             return value.decode("latin-1").partition(";")[0].strip().lower()
     return ""
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The whole request body (the gate's ``BodyLimit`` bounds it), or None on disconnect."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 __all__ = ["IntakeRoute"]

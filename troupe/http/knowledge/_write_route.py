@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from troupe.actors.knowledge import KnowledgeRefused, scope_kind_name
+from troupe.http import read_request_body, send_answer
 from troupe.storage import StorageError
 
 from ._errors import (
@@ -59,7 +60,7 @@ class WriteRoute:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            data = await _read_body(receive)
+            data = await read_request_body(receive)
             if data is None:
                 return  # the client went away before its body arrived: nobody to answer
             status, headers, body = 200, {}, await self._write(data)
@@ -76,13 +77,7 @@ class WriteRoute:
                 logger.exception("knowledge route %s failed", write_operation_name, exc_info=exc)
             status, headers, body = 500, {}, error_body(code_internal_error, internal_error_message,
                                                         request_id_of(scope))
-        start_headers = [
-            (b"content-type", json_content_type.encode("ascii")),
-            (b"content-length", str(len(body)).encode("ascii")),
-            *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": start_headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_answer(send, status, body, content_type=json_content_type, headers=headers)
 
     async def _write(self, data: bytes) -> bytes:
         write = validated(MemoryWriteIn, parse_json_body(data)).to_request()
@@ -106,18 +101,6 @@ class WriteRouteDispatch:
             await self.write_route(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The whole request body (the gate's ``BodyLimit`` bounds it), or None on disconnect."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 __all__ = ["WriteRoute", "WriteRouteDispatch", "write_operation_name"]

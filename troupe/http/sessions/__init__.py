@@ -36,6 +36,7 @@ from ._errors import (
 from ._events import (
     EventStreamSettings,
     envelope_header,
+    event_stream_frames,
     exclude_of,
     grace_milliseconds_floor,
     grace_milliseconds_variable,
@@ -92,6 +93,7 @@ __all__ = [
     "discard_unread_body",
     "docs_page",
     "envelope_header",
+    "event_stream_frames",
     "exclude_of",
     "grace_milliseconds_floor",
     "grace_milliseconds_variable",

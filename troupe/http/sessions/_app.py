@@ -55,7 +55,6 @@ from troupe.actors.sessions import (
     ReadMeta,
     RestoreCheckpoint,
     SessionOpened,
-    SessionRefused,
     end_user_kind_name,
     new_session_id,
     session_kind_name,
@@ -63,8 +62,8 @@ from troupe.actors.sessions import (
 )
 from troupe.auth import RateBuckets, burst_default
 from troupe.http import SendGuard, ShutdownSignal
-from troupe.runtime import ActorCrashed, AskTimeout, Overloaded, Unavailable
 
+from ._asking import ask_timeout_seconds, json_body, make_session_ask, query_integer
 from ._errors import (
     SessionsError,
     code_method_not_allowed,
@@ -92,14 +91,12 @@ from ._schemas import (
     PermissionIn,
     QuestionsIn,
     ToolResultIn,
-    parse_json,
     session_key,
     validate,
 )
 
 logger = logging.getLogger("troupe.sessions")
 
-ask_timeout_seconds = 60.0
 """How long a handler waits for a session actor (a resume reads the whole session)."""
 
 session_list_limit_default = 50
@@ -156,7 +153,7 @@ def create_sessions_app(dependencies: SessionsAppDependencies) -> QuartTrio:
     _install_errors(app)
     _install_probes(app, dependencies)
     _install_routes(app, dependencies)
-    install_event_route(app, dependencies, ask=_asker(dependencies))
+    install_event_route(app, dependencies, ask=make_session_ask(dependencies))
     rate_buckets = None
     if dependencies.rate_per_second is not None:
         rate_buckets = RateBuckets(
@@ -270,47 +267,6 @@ def _install_probes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
 Asker = Callable[[str, str, Any], Any]
 
 
-def _asker(dependencies: SessionsAppDependencies) -> Callable[..., Any]:
-    system, shutdown = dependencies.system, dependencies.shutdown
-
-    async def ask(kind: str, key: str, message: Any) -> Any:
-        """Ask an actor; a ``SessionRefused`` reply and runtime failures raise ``SessionsError``."""
-        try:
-            reply = await system.ref(kind, key).ask(message, timeout=ask_timeout_seconds)
-        except (Overloaded, Unavailable) as exc:
-            seconds = max(retry_after_seconds_default, round(exc.retry_after_seconds + 0.5))
-            if shutdown.is_set():
-                raise SessionsError("draining", retry_after_seconds=draining_retry_after_seconds) from exc
-            raise SessionsError("overloaded", retry_after_seconds=seconds) from exc
-        except AskTimeout as exc:
-            raise SessionsError("overloaded") from exc
-        except ActorCrashed as exc:
-            raise SessionsError("internal_error") from exc
-        if isinstance(reply, SessionRefused):
-            raise SessionsError.from_refusal(reply)
-        return reply
-
-    return ask
-
-
-def _int_argument(name: str, default: int | None, minimum: int, maximum: int | None) -> int | None:
-    text = request.args.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        limit = f"{minimum}–{maximum}" if maximum is not None else f">= {minimum}"
-        raise SessionsError("validation_failed", detail={"fields": [{"field": f"query.{name}", "message": f"须为整数 {limit}"}]})
-    return value
-
-
-async def _body(empty_as: Any = None) -> Any:
-    return parse_json(await request.get_data(cache=False, as_text=False), empty_as=empty_as)
-
-
 def cwd_problem(cwd: str, policy: Callable[[str], bool] | None) -> str | None:
     """The refusal code for ``cwd`` (``cwd_not_allowed`` without a policy), or None."""
     if policy is None:
@@ -324,7 +280,7 @@ def cwd_problem(cwd: str, policy: Callable[[str], bool] | None) -> str | None:
 
 
 def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> None:
-    ask = _asker(dependencies)
+    ask = make_session_ask(dependencies)
     env = dependencies.env
 
     def route(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -345,7 +301,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     @route("sessions.create")
     async def create_session() -> Response:
         admission = who()
-        body = validate(CreateSessionIn, await _body(empty_as={}))
+        body = validate(CreateSessionIn, await json_body(empty_as={}))
         if body.end_user is not None and body.end_user.id != admission.end_user_id:
             raise SessionsError("forbidden", detail={"reason": "end_user_mismatch"})
         if body.cwd is not None:
@@ -372,8 +328,8 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     @route("sessions.list")
     async def list_sessions() -> Response:
         admission = who()
-        limit = _int_argument("limit", session_list_limit_default, 1, sessions_list_limit_max)
-        offset = _int_argument("offset", 0, 0, None)
+        limit = query_integer("limit", session_list_limit_default, 1, sessions_list_limit_max)
+        offset = query_integer("offset", 0, 0, None)
         assert limit is not None and offset is not None
         reply = await ask(end_user_kind_name, admission.end_user_id, ListSessions(
             end_user_id=admission.end_user_id, via=admission.via, offset=offset, limit=limit))
@@ -402,7 +358,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def post_message(sessionId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(MessageIn, await _body())
+        body = validate(MessageIn, await json_body())
         reply = await ask(session_kind_name, key, PostInput(
             end_user_id=admission.end_user_id, via=admission.via, prompt=body.prompt, blocks=body.input_blocks()))
         assert isinstance(reply, Accepted), reply
@@ -420,8 +376,8 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def history(sessionId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        offset = _int_argument("offset", 0, 0, None)
-        limit = _int_argument("limit", None, 1, history_limit_max)
+        offset = query_integer("offset", 0, 0, None)
+        limit = query_integer("limit", None, 1, history_limit_max)
         assert offset is not None
         reply = await ask(session_kind_name, key, ReadHistory(
             end_user_id=admission.end_user_id, via=admission.via, offset=offset, limit=limit))
@@ -431,7 +387,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def tool_result(sessionId: str, callId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(ToolResultIn, await _body())
+        body = validate(ToolResultIn, await json_body())
         reply = await ask(session_kind_name, key, AnswerTool(
             end_user_id=admission.end_user_id, via=admission.via, call_id=callId,
             result=body.value(), is_error=body.is_error))
@@ -442,7 +398,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def permission(sessionId: str, requestId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(PermissionIn, await _body())
+        body = validate(PermissionIn, await json_body())
         reply = await ask(session_kind_name, key, AnswerPermission(
             end_user_id=admission.end_user_id, via=admission.via, request_id=requestId,
             digest=body.digest, verdict=body.verdict))
@@ -453,7 +409,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def question(sessionId: str, requestId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(QuestionsIn, await _body())
+        body = validate(QuestionsIn, await json_body())
         reply = await ask(session_kind_name, key, AnswerQuestion(
             end_user_id=admission.end_user_id, via=admission.via, request_id=requestId,
             answers=tuple(body.answers)))
@@ -464,7 +420,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def compact(sessionId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        await _body(empty_as={})
+        await json_body(empty_as={})
         reply = await ask(session_kind_name, key, Compact(end_user_id=admission.end_user_id, via=admission.via))
         return json_response(reply.encode())
 
@@ -479,7 +435,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def create_checkpoint(sessionId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(CheckpointIn, await _body(empty_as={}))
+        body = validate(CheckpointIn, await json_body(empty_as={}))
         reply = await ask(session_kind_name, key, CreateCheckpoint(
             end_user_id=admission.end_user_id, via=admission.via, name=body.name))
         return json_response(reply.encode(), 201)
@@ -488,7 +444,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def restore_checkpoint(sessionId: str, checkpointId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        await _body(empty_as={})
+        await json_body(empty_as={})
         reply = await ask(session_kind_name, key, RestoreCheckpoint(
             end_user_id=admission.end_user_id, via=admission.via, checkpoint_id=checkpointId))
         return json_response(reply.encode())
@@ -529,7 +485,7 @@ def _install_routes(app: QuartTrio, dependencies: SessionsAppDependencies) -> No
     async def change_cwd(sessionId: str) -> Response:  # noqa: N803
         admission = who()
         key = session_key(sessionId)
-        body = validate(CwdIn, await _body())
+        body = validate(CwdIn, await json_body())
         problem = cwd_problem(body.cwd, dependencies.cwd_policy)
         if problem is not None:
             raise SessionsError(problem)

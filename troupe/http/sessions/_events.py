@@ -197,7 +197,8 @@ def install_event_route(app: QuartTrio, dependencies: Any, *, ask: Callable[...,
                 pass  # closed locally: the actor drops it at its next offer anyway
 
         response = Response(
-            _frames(subscriber, settings, shutdown, unified=unified, on_end=unsubscribe),
+            event_stream_frames(subscriber, settings, shutdown, rewrite=rewrite_unified if unified else None,
+                                on_end=unsubscribe),
             status=200, content_type="text/event-stream; charset=utf-8",
         )
         response.headers["Cache-Control"] = "no-store"
@@ -211,14 +212,18 @@ def install_event_route(app: QuartTrio, dependencies: Any, *, ask: Callable[...,
         app.add_url_rule(operation.quart_rule(prefix), f"{operation.name}@{prefix}", events, methods=["GET"])
 
 
-async def _frames(
+async def event_stream_frames(
     subscriber: Subscriber,
     settings: EventStreamSettings,
     shutdown: Any,
     *,
-    unified: bool,
+    rewrite: Callable[[bytes], bytes] | None,
     on_end: Callable[[], None],
 ) -> AsyncIterator[bytes]:
+    """The body of an event stream, shared by /v2 and /api (``api._events``): ``retry:`` first,
+    the subscriber's chunks (each through ``rewrite`` when given), ``: hb`` after
+    ``heartbeat_seconds`` of quiet, the shutdown ``retry:`` at a drain; ``on_end`` runs however
+    the stream ends (the client gone included)."""
     try:
         yield retry_frame(settings.retry_milliseconds)
         while True:
@@ -239,7 +244,7 @@ async def _frames(
                     except SubscriberClosed as exc:
                         closed_reason = exc.reason
             if chunk is not None:
-                yield rewrite_unified(chunk) if unified else chunk
+                yield rewrite(chunk) if rewrite is not None else chunk
             elif closed_reason is not None or shutdown.is_set():
                 if closed_reason == close_reason_shutdown or shutdown.is_set():
                     yield retry_frame(shutdown_retry_milliseconds)
@@ -254,6 +259,7 @@ __all__ = [
     "EventStreamSettings",
     "close_reason_client_gone",
     "envelope_header",
+    "event_stream_frames",
     "exclude_of",
     "exclude_prefix_characters_max",
     "exclude_prefixes_max",

@@ -20,6 +20,35 @@ readiness_seconds_max = 30.0
 control_seconds_max = 10.0
 
 
+def drain_lines(process: subprocess.Popen, lines: Queue[str]) -> None:
+    """Every stdout line of the fixture ``process`` into ``lines`` (run on a reader thread)."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line.rstrip("\n"))
+
+
+def read_prefixed(lines: Queue[str], prefix: str, seconds: float) -> dict:
+    """The JSON after ``prefix`` of the next line that starts with it (others are skipped)."""
+    while True:
+        try:
+            line = lines.get(timeout=seconds)
+        except Empty:
+            raise AssertionError(f"no {prefix.strip()} line within {seconds} s") from None
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+
+
+def send_command(process: subprocess.Popen, lines: Queue[str], body: dict) -> dict:
+    """One control command (a fresh ``requestId`` unless ``body`` names one); its ok answer."""
+    body = {**body, "requestId": body.get("requestId") or uuid.uuid4().hex}
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(body) + "\n")
+    process.stdin.flush()
+    answer = read_prefixed(lines, control_prefix, control_seconds_max)
+    assert answer["requestId"] == body["requestId"] and answer["ok"] is True, answer
+    return answer
+
+
 class FixtureProcess:
     """The harness side of the fixture protocol: readiness line, JSON controls, ``stop``."""
 
@@ -35,27 +64,13 @@ class FixtureProcess:
         self.info = self.read(readiness_prefix, readiness_seconds_max)
 
     def _drain(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.rstrip("\n"))
+        drain_lines(self.process, self.lines)
 
     def read(self, prefix: str, seconds: float) -> dict:
-        while True:
-            try:
-                line = self.lines.get(timeout=seconds)
-            except Empty:
-                raise AssertionError(f"no {prefix.strip()} line within {seconds} s") from None
-            if line.startswith(prefix):
-                return json.loads(line[len(prefix):])
+        return read_prefixed(self.lines, prefix, seconds)
 
     def command(self, body: dict) -> dict:
-        body = {**body, "requestId": body.get("requestId") or uuid.uuid4().hex}
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(body) + "\n")
-        self.process.stdin.flush()
-        answer = self.read(control_prefix, control_seconds_max)
-        assert answer["requestId"] == body["requestId"] and answer["ok"] is True, answer
-        return answer
+        return send_command(self.process, self.lines, body)
 
     def stop(self) -> int:
         assert self.process.stdin is not None

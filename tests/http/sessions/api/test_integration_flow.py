@@ -34,7 +34,16 @@ from tansr_sdk.session import (  # noqa: E402
 )
 from tansr_sdk.strict_json import dumps, loads  # noqa: E402
 
-from .test_sdk_flow import clients, complete, finish, png, rejected, wait_idle, wait_kind  # noqa: E402, F401
+from .test_sdk_flow import (  # noqa: E402, F401
+    clients,
+    complete,
+    finish,
+    png,
+    refused_to_others,
+    rejected,
+    wait_idle,
+    wait_kind,
+)
 
 public_phases = [
     "create-live-resume-original-identity",
@@ -87,15 +96,7 @@ def test_the_public_session_flow_phase_by_phase(clients, fixture_process):  # no
     stream.close()
     passed.append(public_phases[3])
 
-    other = SessionClient(clients(other=True))
-    rejected(lambda: other.attach(current.id), (403, 404))
-    rejected(lambda: other.resume(current.id), (403, 404))
-    assert other.list().total == 0
-    wrong = SessionClient(clients(family="sdk2-offload-v1"))
-    before = sessions.list().total
-    rejected(lambda: wrong.attach(current.id))
-    rejected(lambda: wrong.resume(current.id))
-    assert sessions.list().total == before
+    refused_to_others(clients, sessions, current.id)
     passed.append(public_phases[4])
 
     floor, stream = observed(current)

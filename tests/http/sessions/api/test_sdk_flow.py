@@ -98,6 +98,20 @@ def complete(session, prompt: str) -> str:
     return answer
 
 
+def refused_to_others(clients, sessions, session_id: str) -> None:
+    """Another owner cannot attach or resume ``session_id`` (and lists nothing); the owner under
+    another family is refused too, and neither refusal creates a replacement session."""
+    other = SessionClient(clients(other=True))
+    rejected(lambda: other.attach(session_id), (403, 404))
+    rejected(lambda: other.resume(session_id), (403, 404))
+    assert other.list().total == 0
+    wrong = SessionClient(clients(family="sdk2-offload-v1"))
+    before = sessions.list().total
+    rejected(lambda: wrong.attach(session_id))
+    rejected(lambda: wrong.resume(session_id))
+    assert sessions.list().total == before
+
+
 def test_discovery_answers_the_frozen_contract(clients, fixture_process):
     client = clients()
     # Through the SDK's own discovery check (schema, revision and schema hash, body and headers).
@@ -141,15 +155,7 @@ def test_create_live_resume_two_turns_history_and_local_cancel(clients):
 def test_cross_owner_and_cross_family_are_refused_without_replacement(clients):
     sessions = SessionClient(clients())
     current = sessions.create()
-    other = SessionClient(clients(other=True))
-    rejected(lambda: other.attach(current.id), (403, 404))
-    rejected(lambda: other.resume(current.id), (403, 404))
-    assert other.list().total == 0
-    wrong = SessionClient(clients(family="sdk2-offload-v1"))
-    before = sessions.list().total
-    rejected(lambda: wrong.attach(current.id))
-    rejected(lambda: wrong.resume(current.id))
-    assert sessions.list().total == before
+    refused_to_others(clients, sessions, current.id)
     current.close()
 
 

@@ -17,16 +17,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
-from queue import Empty, Queue
+from queue import Queue
 from urllib.parse import urlsplit
 
 import pytest
@@ -47,12 +45,11 @@ from tansr_sdk.session import (  # noqa: E402
 )
 from tansr_sdk.transport import HttpTransport  # noqa: E402
 
-from troupe._fixture_tansr import control_prefix, readiness_prefix  # noqa: E402
+from troupe._fixture_tansr import readiness_prefix  # noqa: E402
 
+from .conftest import drain_lines, read_prefixed, readiness_seconds_max, send_command  # noqa: E402
 from .test_sdk_flow import complete, finish, png, rejected, wait_idle, wait_kind  # noqa: E402
 
-readiness_seconds_max = 30.0
-control_seconds_max = 10.0
 stream_ms = 25_000
 
 
@@ -73,33 +70,16 @@ class RestartableFixture:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=(self.data_dir.parent / "fixture.log").open("a"), text=True, bufsize=1)
         self.lines: Queue[str] = Queue()
-        threading.Thread(target=self._drain, args=(self.process, self.lines), daemon=True).start()
+        threading.Thread(target=drain_lines, args=(self.process, self.lines), daemon=True).start()
         self.info = self.read(readiness_prefix, readiness_seconds_max)
         return self.info
 
-    @staticmethod
-    def _drain(process: subprocess.Popen, lines: Queue) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line.rstrip("\n"))
-
     def read(self, prefix: str, seconds: float) -> dict:
-        while True:
-            try:
-                line = self.lines.get(timeout=seconds)
-            except Empty:
-                raise AssertionError(f"no {prefix.strip()} line within {seconds} s") from None
-            if line.startswith(prefix):
-                return json.loads(line[len(prefix):])
+        return read_prefixed(self.lines, prefix, seconds)
 
     def command(self, body: dict) -> dict:
-        body = {**body, "requestId": uuid.uuid4().hex}
-        assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write(json.dumps(body) + "\n")
-        self.process.stdin.flush()
-        answer = self.read(control_prefix, control_seconds_max)
-        assert answer["requestId"] == body["requestId"] and answer["ok"] is True, answer
-        return answer
+        assert self.process is not None
+        return send_command(self.process, self.lines, body)
 
     def client(self, *, family: str = "sdk1", transport=None, base_url: str | None = None) -> Client:
         token = self.info["token"]

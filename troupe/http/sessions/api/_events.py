@@ -24,7 +24,7 @@ unified headers.  ``Last-Event-ID`` absent or -1 = everything retained.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from quart import Response, request
@@ -33,18 +33,14 @@ from troupe.actors.sessions import (
     Subscribe,
     Subscribed,
     Subscriber,
-    SubscriberClosed,
     Unsubscribe,
-    close_reason_shutdown,
-    heartbeat_frame,
-    retry_frame,
     session_kind_name,
 )
 from troupe.http.sessions._events import (
     EventStreamSettings,
+    event_stream_frames,
     exclude_of,
     last_event_id_of,
-    shutdown_retry_milliseconds,
 )
 from troupe.http.sessions._schemas import session_key
 from troupe.runtime import ActorError
@@ -137,8 +133,9 @@ def install_api_event_route(app: Any, dependencies: Any, *, ask: Callable[..., A
             except ActorError:
                 pass  # closed locally: the actor drops it at its next offer anyway
 
-        response = Response(_frames(subscriber, settings, shutdown, negotiated, unsubscribe), status=200,
-                            content_type="text/event-stream; charset=utf-8")
+        frames = event_stream_frames(subscriber, settings, shutdown,
+                                     rewrite=envelope_chunk if negotiated else None, on_end=unsubscribe)
+        response = Response(frames, status=200, content_type="text/event-stream; charset=utf-8")
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Accel-Buffering"] = "no"
         response.headers.update(unified_headers())
@@ -148,30 +145,6 @@ def install_api_event_route(app: Any, dependencies: Any, *, ask: Callable[..., A
         return response
 
     app.add_url_rule(rule, "api.session.events.observe", events, methods=["GET"])
-
-
-async def _frames(subscriber: Subscriber, settings: EventStreamSettings, shutdown: Any, negotiated: bool,
-                  on_end: Callable[[], None]) -> AsyncIterator[bytes]:
-    try:
-        yield retry_frame(settings.retry_milliseconds)
-        while True:
-            chunk: bytes | None = None
-            closed_reason: str | None = None
-            with shutdown.scope(timeout_seconds=settings.heartbeat_seconds):
-                try:
-                    chunk = await subscriber.next_chunk()
-                except SubscriberClosed as exc:
-                    closed_reason = exc.reason
-            if chunk is not None:
-                yield envelope_chunk(chunk) if negotiated else chunk
-            elif closed_reason is not None or shutdown.is_set():
-                if closed_reason == close_reason_shutdown or shutdown.is_set():
-                    yield retry_frame(shutdown_retry_milliseconds)
-                return
-            else:
-                yield heartbeat_frame
-    finally:
-        on_end()
 
 
 __all__ = [

@@ -66,11 +66,8 @@ from troupe.actors.sessions import (
     session_kind_name,
     sessions_list_limit_max,
 )
-from troupe.http.sessions._errors import (
-    SessionsError,
-    draining_retry_after_seconds,
-    retry_after_seconds_default,
-)
+from troupe.http.sessions._asking import json_body, make_session_ask, query_integer
+from troupe.http.sessions._errors import SessionsError
 from troupe.http.sessions._schemas import (
     CheckpointIn,
     CreateSessionIn,
@@ -79,16 +76,13 @@ from troupe.http.sessions._schemas import (
     PermissionIn,
     QuestionsIn,
     ToolResultIn,
-    parse_json,
     session_key,
     validate,
 )
-from troupe.runtime import ActorCrashed, AskTimeout, Overloaded, Unavailable
 
 from ._manifest import api_operations_by_name, quart_rule
 from ._transport import ApiRequestHeaders, api_bytes_response, api_empty_response, api_json_response
 
-ask_timeout_seconds = 60.0
 history_limit_max = 1000
 session_list_limit_default = 50
 checkpoint_document_format = "tansr-checkpoint/1"
@@ -119,45 +113,8 @@ def api_admission() -> ApiAdmission:
     return admission
 
 
-def make_api_ask(dependencies: Any) -> Callable[..., Any]:
-    """``await ask(kind, key, message)``: the reply, or ``SessionsError`` for a refusal or a
-    runtime failure (overloaded / draining with Retry-After, internal_error)."""
-    system, shutdown = dependencies.system, dependencies.shutdown
-
-    async def ask(kind: str, key: str, message: Any) -> Any:
-        try:
-            reply = await system.ref(kind, key).ask(message, timeout=ask_timeout_seconds)
-        except (Overloaded, Unavailable) as exc:
-            if shutdown.is_set():
-                raise SessionsError("draining", retry_after_seconds=draining_retry_after_seconds) from exc
-            seconds = max(retry_after_seconds_default, round(exc.retry_after_seconds + 0.5))
-            raise SessionsError("overloaded", retry_after_seconds=seconds) from exc
-        except AskTimeout as exc:
-            raise SessionsError("overloaded") from exc
-        except ActorCrashed as exc:
-            raise SessionsError("internal_error") from exc
-        if isinstance(reply, SessionRefused):
-            raise SessionsError.from_refusal(reply)
-        return reply
-
-    return ask
-
-
-def _int_argument(name: str, default: int | None, minimum: int, maximum: int | None) -> int | None:
-    text = request.args.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        raise SessionsError("validation_failed", detail={"fields": [{"field": f"query.{name}"}]})
-    return value
-
-
-async def _body(empty_as: Any = None) -> Any:
-    return parse_json(await request.get_data(cache=False, as_text=False), empty_as=empty_as)
+make_api_ask = make_session_ask
+"""The /api name of the shared ask (``troupe.http.sessions._asking``)."""
 
 
 def export_document(data: bytes) -> bytes:
@@ -262,7 +219,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.create")
     async def create_session() -> Response:
         who = api_admission()
-        body = validate(CreateSessionIn, await _body(empty_as={}))
+        body = validate(CreateSessionIn, await json_body(empty_as={}))
         if body.end_user is not None and body.end_user.id != who.end_user_id:
             raise SessionsError("forbidden", detail={"reason": "end_user_mismatch"})
         if body.cwd is not None:
@@ -286,8 +243,8 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.list")
     async def list_sessions() -> Response:
         who = api_admission()
-        limit = _int_argument("limit", session_list_limit_default, 1, sessions_list_limit_max)
-        offset = _int_argument("offset", 0, 0, None)
+        limit = query_integer("limit", session_list_limit_default, 1, sessions_list_limit_max, explain=False)
+        offset = query_integer("offset", 0, 0, None, explain=False)
         reply = await ask(end_user_kind_name, who.end_user_id, ListSessions(
             end_user_id=who.end_user_id, via="api", offset=offset or 0, limit=limit or 1))
         return api_json_response(reply.encode())
@@ -313,7 +270,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.message.send")
     async def post_message(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        body = validate(MessageIn, await _body())
+        body = validate(MessageIn, await json_body())
         reply = await ask(session_kind_name, key, PostInput(**common(), prompt=body.prompt,
                                                             blocks=body.input_blocks()))
         return api_json_response(reply.encode(), 202)
@@ -321,15 +278,15 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.interrupt")
     async def interrupt(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        await _body(empty_as={})
+        await json_body(empty_as={})
         reply = await ask(session_kind_name, key, Interrupt(**common()))
         return api_json_response(reply.encode(), 202)
 
     @route("session.history.read")
     async def history(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        offset = _int_argument("offset", 0, 0, None) or 0
-        limit = _int_argument("limit", None, 0, history_limit_max)
+        offset = query_integer("offset", 0, 0, None, explain=False) or 0
+        limit = query_integer("limit", None, 0, history_limit_max, explain=False)
         if limit == 0:
             # Count only: the page is empty, the total is the history's (the SDK's zero semantics).
             page = await ask(session_kind_name, key, ReadHistory(**common(), offset=offset, limit=1))
@@ -342,7 +299,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.tool.result")
     async def tool_result(id: str, targetId: str) -> Response:  # noqa: A002, N803
         key = session_key(id)
-        body = validate(ToolResultIn, await _body())
+        body = validate(ToolResultIn, await json_body())
         await ask(session_kind_name, key, AnswerTool(**common(), call_id=targetId, result=body.value(),
                                                      is_error=body.is_error))
         return api_json_response({"accepted": True})
@@ -350,7 +307,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.permission.decide")
     async def permission(id: str, ticketId: str) -> Response:  # noqa: A002, N803
         key = session_key(id)
-        body = validate(PermissionIn, await _body())
+        body = validate(PermissionIn, await json_body())
         await ask(session_kind_name, key, AnswerPermission(**common(), request_id=ticketId, digest=body.digest,
                                                            verdict=body.verdict))
         return api_json_response({"accepted": True})
@@ -358,7 +315,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.question.answer")
     async def question(id: str, ticketId: str) -> Response:  # noqa: A002, N803
         key = session_key(id)
-        body = validate(QuestionsIn, await _body())
+        body = validate(QuestionsIn, await json_body())
         await ask(session_kind_name, key, AnswerQuestion(**common(), request_id=ticketId,
                                                          answers=tuple(body.answers)))
         return api_json_response({"accepted": True})
@@ -391,7 +348,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.compact")
     async def compact(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        wanted, label = checkpoint_flag(await _body(empty_as={}), "compact")
+        wanted, label = checkpoint_flag(await json_body(empty_as={}), "compact")
         reply, safety_id = await with_safety_checkpoint(
             key, wanted, label, "compact", lambda: ask(session_kind_name, key, Compact(**common())))
         answer = compact_answer(reply.encode(), id)
@@ -407,7 +364,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.checkpoint.create")
     async def create_checkpoint(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        raw = await _body(empty_as={})
+        raw = await json_body(empty_as={})
         if isinstance(raw, dict) and raw.get("label") == "":
             raw = {name: value for name, value in raw.items() if name != "label"}
         body = validate(CheckpointIn, raw)
@@ -417,7 +374,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.checkpoint.restore")
     async def restore_checkpoint(id: str, targetId: str) -> Response:  # noqa: A002, N803
         key = session_key(id)
-        wanted, _ = checkpoint_flag(await _body(empty_as={}), "restore")
+        wanted, _ = checkpoint_flag(await json_body(empty_as={}), "restore")
         reply, safety_id = await with_safety_checkpoint(
             key, wanted, None, "restore",
             lambda: ask(session_kind_name, key, RestoreCheckpoint(**common(), checkpoint_id=targetId)))
@@ -450,7 +407,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
     @route("session.cwd.set")
     async def change_cwd(id: str) -> Response:  # noqa: A002
         key = session_key(id)
-        body = validate(CwdIn, await _body())
+        body = validate(CwdIn, await json_body())
         from troupe.http.sessions._app import cwd_problem  # the one cwd rule both prefixes apply
 
         problem = cwd_problem(body.cwd, dependencies.cwd_policy)
@@ -461,7 +418,7 @@ def install_core_routes(app: Any, dependencies: Any, *, ask: Callable[..., Any])
 
     async def audio(session_id: str, kind: str) -> Response:
         key = session_key(session_id)
-        body = await _body()
+        body = await json_body()
         if not isinstance(body, dict):
             raise SessionsError("validation_failed")
         await ask(session_kind_name, key, ReadMeta(**common()))
