@@ -297,6 +297,10 @@ class Engine:
         self._send.close()
         for job in list(self._outstanding.values()):
             self._finish(job, outcome.Error(StorageCrashed("the storage engine crashed")))
+        self._abandon_connections()
+
+    def _abandon_connections(self) -> None:
+        """Close every connection not in use, as a process death would (no checkpoint)."""
         if not self._writing:
             self._abandon_write_connection()
         readers, self._idle_readers = self._idle_readers, []
@@ -375,6 +379,15 @@ class Engine:
         finally:
             for job in list(self._outstanding.values()):
                 self._finish(job, outcome.Error(StorageClosed("the storage writer stopped")))
+            if not self._closed and not self._crashed:
+                # The writer was cancelled without ``aclose`` (its nursery ended): nothing will
+                # use this engine again, so give its files back now, as a process exit would
+                # (no checkpoint: what is committed is in the WAL; readers still busy in a
+                # thread are closed when they are dropped).  Without this every such engine
+                # kept its database, WAL and shared-memory files open until the process ended.
+                self._closed = True
+                self._send.close()
+                self._abandon_connections()
             self._writer_done.set()
 
     async def _run_batch(self, batch: list[_WriteJob]) -> None:
