@@ -1,6 +1,7 @@
 """What the HTTP benchmarks share: the raw keep-alive client their load generators speak, the
-hypercorn start-up of the server under test (as ``troupe serve`` configures it), and the
-server-side meters (CPU and commits per phase, writer time per kind of job).
+start-up of the server under test (the engine and actor system ``troupe serve`` starts, its
+tokens, and hypercorn configured as ``troupe serve`` configures it), the server-side meters
+(CPU and commits per phase, writer time per kind of job) and the ``--profile`` switch.
 
 A helper module, not a benchmark (it prints nothing); the scripts import it as ``_load`` (their
 own directory is first on ``sys.path`` when they run, in the server and in the load-generator
@@ -9,8 +10,14 @@ child process alike).
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
 import os
+import pstats
+import sys
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -67,6 +74,90 @@ async def start_server(nursery: trio.Nursery, app: Any) -> int:
     )
     return int(binds[0].rsplit(":", 1)[1])
 
+
+@dataclass
+class Runtime:
+    """The parts ``troupe serve`` starts under the surfaces' apps (see ``troupe.server._serve``)."""
+
+    env: Any
+    engine: Any
+    system: Any
+    surfaces: list[Any]
+
+
+async def start_runtime(nursery: trio.Nursery, data_dir: str,
+                        environment: Mapping[str, str] | None = None) -> Runtime:
+    """A real ``Engine`` in ``data_dir`` (default settings, so ``synchronous=FULL``), the model
+    and embedder configured from ``environment`` (default ``os.environ``: the offline ones),
+    and the real ``ActorSystem`` with every surface's kinds and services, running in
+    ``nursery``; what a benchmark puts a surface's app on."""
+    import httpx
+
+    from troupe.models import embedder_from_environment, model_from_configuration
+    from troupe.runtime import ActorSystem, real_env
+    from troupe.server import (
+        default_surfaces,
+        surface_actor_kinds,
+        surface_migrations,
+        surface_services,
+    )
+    from troupe.storage import Engine, StorageError
+
+    environment = os.environ if environment is None else environment
+    surfaces = default_surfaces()
+    env = real_env(data_dir)
+    env.model = model_from_configuration(environment)
+    env.embedder = embedder_from_environment(environment)
+    env.http = httpx.AsyncClient(timeout=30)
+    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
+    system = ActorSystem(
+        env,
+        surface_actor_kinds(surfaces),
+        storage=engine,
+        services=surface_services(surfaces),
+        transient_errors=(StorageError,),
+    )
+    await nursery.start(system.run)
+    return Runtime(env, engine, system, surfaces)
+
+
+async def create_tokens(runtime: Runtime, names: list[str], scope: Any, **token_options: Any) -> list[str]:
+    """One bearer token per name, all of ``scope`` (``token_options``: ``audience``), in one
+    write; returns their secrets in the order of ``names``."""
+    from troupe.auth import new_token_secret, token_create
+
+    secrets = [new_token_secret(runtime.env.random) for _ in names]
+    now = runtime.env.clock.wall()
+
+    def create(connection: Any) -> None:
+        for name, secret in zip(names, secrets, strict=True):
+            token_create(connection, name=name, scope=scope, secret=secret, created_at=now, **token_options)
+
+    await runtime.engine.write(create)
+    return secrets
+
+
+@contextlib.contextmanager
+def profiled(enabled: bool, *, sort: str = "tottime", lines: int = 40) -> Iterator[None]:
+    """When ``enabled``, cProfile this process's main thread (the trio loop: HTTP, actors) over
+    the ``with`` block and print the top ``lines`` functions by ``sort`` to stderr; storage jobs
+    run on other threads and are not seen."""
+    if not enabled:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats(sort).print_stats(lines)
+
+
+def profiled_phase(arguments: Any, phase: str) -> contextlib.AbstractContextManager[None]:
+    """``--profile PHASE`` (with ``--profile-sort`` and ``--profile-lines``): ``profiled`` when
+    ``phase`` is the one named."""
+    return profiled(arguments.profile == phase, sort=arguments.profile_sort, lines=arguments.profile_lines)
 
 
 class PhaseMeter:
@@ -125,4 +216,14 @@ def time_write_jobs() -> dict[str, list[float]]:
     return totals
 
 
-__all__ = ["PhaseMeter", "RawConnection", "start_server", "time_write_jobs"]
+__all__ = [
+    "PhaseMeter",
+    "RawConnection",
+    "Runtime",
+    "create_tokens",
+    "profiled",
+    "profiled_phase",
+    "start_runtime",
+    "start_server",
+    "time_write_jobs",
+]

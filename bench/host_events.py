@@ -65,24 +65,25 @@ from __future__ import annotations
 
 import argparse
 import array
-import contextlib
-import cProfile
 import json
 import os
-import pstats
 import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _load import start_server  # noqa: E402  (bench/ is first on sys.path)
+from _load import (  # noqa: E402  (bench/ is first on sys.path)
+    create_tokens,
+    profiled,
+    start_runtime,
+    start_server,
+)
 
 events_path = "/api/v1/events"
 bench_entry_prefix = "bench:events-"
@@ -329,43 +330,12 @@ class ClientProcess:
 async def start_host(nursery: trio.Nursery, data_dir: str, tokens: int) -> tuple[Any, Any, Any, Any, int, list[str]]:
     """The host app over the parts ``troupe serve`` starts (see ``troupe.server._serve``) and
     ``tokens`` tokens of scope ``all``."""
-    import httpx
-
-    from troupe.auth import TokenScope, new_token_secret, token_create
+    from troupe.auth import TokenScope
     from troupe.http.host import HostAppDependencies, create_host_app
-    from troupe.models import embedder_from_environment, model_from_configuration
-    from troupe.runtime import ActorSystem, real_env
-    from troupe.server import (
-        default_surfaces,
-        surface_actor_kinds,
-        surface_migrations,
-        surface_services,
-    )
-    from troupe.storage import Engine, StorageError
 
-    surfaces = default_surfaces()
-    env = real_env(data_dir)
-    env.model = model_from_configuration(os.environ)
-    env.embedder = embedder_from_environment(os.environ)
-    env.http = httpx.AsyncClient(timeout=30)
-    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
-    system = ActorSystem(
-        env,
-        surface_actor_kinds(surfaces),
-        storage=engine,
-        services=surface_services(surfaces),
-        transient_errors=(StorageError,),
-    )
-    await nursery.start(system.run)
-    secrets = [new_token_secret(env.random) for _ in range(tokens)]
-    now = env.clock.wall()
-
-    def create_tokens(connection: Any) -> None:
-        for number, secret in enumerate(secrets):
-            token_create(connection, name=f"bench-events-{number}", scope=TokenScope.all(), secret=secret,
-                         created_at=now)
-
-    await engine.write(create_tokens)
+    runtime = await start_runtime(nursery, data_dir)
+    env, engine, system = runtime.env, runtime.engine, runtime.system
+    secrets = await create_tokens(runtime, [f"bench-events-{number}" for number in range(tokens)], TokenScope.all())
     dependencies = HostAppDependencies(env=env, engine=engine, system=system, readiness=lambda: system.running)
     app = create_host_app(dependencies)
     port = await start_server(nursery, app)
@@ -398,23 +368,6 @@ class CpuMeter:
                 "commit_ms_mean": round((after.commit_seconds_total - before.commit_seconds_total)
                                         / commits * 1000, 2) if commits else None,
             }
-
-
-@contextlib.contextmanager
-def profiled(enabled: bool, lines: int) -> Iterator[None]:
-    """``--profile``: cProfile this process's main thread (the trio loop: HTTP, actors, the
-    streams) during publication; the top functions by own time go to stderr.  Storage jobs run
-    on other threads and are not seen."""
-    if not enabled:
-        yield
-        return
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(lines)
 
 
 def goal_content(chooser: random.Random) -> str:
@@ -577,7 +530,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 in_time = env.clock.wall() < first_deadline
                 await trio.sleep(max(0.0, first_deadline - env.clock.wall()))
                 # From the wave's first deadline until all of it is published.
-                with profiled(arguments.profile, arguments.profile_lines), CpuMeter(engine) as publication:
+                with profiled(arguments.profile, lines=arguments.profile_lines), CpuMeter(engine) as publication:
                     while await published_count(engine) < published_before + size:
                         await trio.sleep(wave_poll_seconds)
                 publication_totals.add(publication)

@@ -34,22 +34,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import datetime
 import json
 import os
-import pstats
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _load import PhaseMeter, RawConnection, start_server, time_write_jobs  # noqa: E402  (bench/ is first on sys.path)
+from _load import (  # noqa: E402  (bench/ is first on sys.path)
+    PhaseMeter,
+    RawConnection,
+    create_tokens,
+    profiled_phase,
+    start_runtime,
+    start_server,
+    time_write_jobs,
+)
 
 bench_entry_prefix = "bench:"
 memory_entry_id = "bench:memories"
@@ -210,38 +215,12 @@ def hello_app() -> Any:
 
 async def start_host(nursery: trio.Nursery, data_dir: str) -> tuple[Any, Any, Any, int, str]:
     """The host app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
-    import httpx
-
-    from troupe.auth import TokenScope, new_token_secret, token_create
+    from troupe.auth import TokenScope
     from troupe.http.host import HostAppDependencies, create_host_app
-    from troupe.models import embedder_from_environment, model_from_configuration
-    from troupe.runtime import ActorSystem, real_env
-    from troupe.server import (
-        default_surfaces,
-        surface_actor_kinds,
-        surface_migrations,
-        surface_services,
-    )
-    from troupe.storage import Engine, StorageError
 
-    surfaces = default_surfaces()
-    env = real_env(data_dir)
-    env.model = model_from_configuration(os.environ)
-    env.embedder = embedder_from_environment(os.environ)
-    env.http = httpx.AsyncClient(timeout=30)
-    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
-    system = ActorSystem(
-        env,
-        surface_actor_kinds(surfaces),
-        storage=engine,
-        services=surface_services(surfaces),
-        transient_errors=(StorageError,),
-    )
-    await nursery.start(system.run)
-    secret = new_token_secret(env.random)
-    now = env.clock.wall()
-    await engine.write(lambda connection: token_create(
-        connection, name=f"bench-{os.getpid()}", scope=TokenScope.all(), secret=secret, created_at=now))
+    runtime = await start_runtime(nursery, data_dir)
+    env, engine, system = runtime.env, runtime.engine, runtime.system
+    [secret] = await create_tokens(runtime, [f"bench-{os.getpid()}"], TokenScope.all())
     dependencies = HostAppDependencies(
         env=env, engine=engine, system=system, readiness=lambda: system.running,
         rate_per_second=rate_per_second_bench, rate_burst=rate_burst_bench,
@@ -281,23 +260,6 @@ async def load_memories(env: Any, engine: Any, count: int) -> dict[str, Any]:
             ))
         await store_memories(database, index, memories, created_at=env.clock.wall())
     return {"memories": count, "memory_load_seconds": round(time.perf_counter() - began, 1)}
-
-
-@contextlib.contextmanager
-def profiled(arguments: argparse.Namespace, phase: str) -> Iterator[None]:
-    """``--profile PHASE``: cProfile the server's main thread (the trio loop: HTTP, actors)
-    during that phase and print the top functions to stderr; storage threads are not seen."""
-    if arguments.profile != phase:
-        yield
-        return
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        stats = pstats.Stats(profiler, stream=sys.stderr)
-        stats.sort_stats(arguments.profile_sort).print_stats(arguments.profile_lines)
 
 
 learning_wait_seconds_max = 120.0
@@ -350,14 +312,14 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 figures["hello_requests_per_second"] = hello["requests_per_second"]
                 figures["hello_p50_ms"], figures["hello_p99_ms"] = hello["p50_ms"], hello["p99_ms"]
 
-                with profiled(arguments, "single"), PhaseMeter(engine) as meter:
+                with profiled_phase(arguments, "single"), PhaseMeter(engine) as meter:
                     single = await run_client({**common, "mode": "single", "port": host_port, "run_id": run_id + "s"})
                 figures["single_server"] = meter.figures
                 figures["single_messages_per_second"] = single["requests_per_second"]
                 figures["single_ratio_to_hello"] = round(single["requests_per_second"] / hello["requests_per_second"], 3)
                 figures["single_p50_ms"], figures["single_p99_ms"] = single["p50_ms"], single["p99_ms"]
 
-                with profiled(arguments, "batch"), PhaseMeter(engine) as meter:
+                with profiled_phase(arguments, "batch"), PhaseMeter(engine) as meter:
                     batch = await run_client({**common, "mode": "batch", "port": host_port, "run_id": run_id + "b"})
                 figures["batch_server"] = meter.figures
                 figures["batch_messages_per_second"] = round(batch["requests_per_second"] * batch_messages, 1)
@@ -376,7 +338,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 await run_client({**prepare_spec, "requests": 20})  # warm caches
                 rounds = []
                 for _ in range(arguments.rounds):
-                    with profiled(arguments, "prepare"), PhaseMeter(engine) as meter:
+                    with profiled_phase(arguments, "prepare"), PhaseMeter(engine) as meter:
                         prepare = await run_client(prepare_spec)
                     rounds.append({**meter.figures, "p50_ms": prepare["p50_ms"], "p99_ms": prepare["p99_ms"]})
                 figures["prepare_server"] = meter.figures

@@ -56,11 +56,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import gc
 import json
 import os
-import pstats
 import re
 import socket
 import subprocess
@@ -68,13 +66,17 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _load import start_server  # noqa: E402  (bench/ is first on sys.path)
+from _load import (  # noqa: E402  (bench/ is first on sys.path)
+    create_tokens,
+    profiled_phase,
+    start_runtime,
+    start_server,
+)
 
 end_user_id = "u_bench"
 replay_events = 1024
@@ -486,19 +488,25 @@ def reference_main() -> None:
     asyncio.run(server.serve(sockets=[listener]))
 
 
+async def _first_json_line(stream: Any, ended: str) -> Any:
+    """The first line a child process prints, decoded as JSON; ``RuntimeError(ended)`` if its
+    output ends first."""
+    buffer = b""
+    while b"\n" not in buffer:
+        data = await stream.receive_some(4096)
+        if not data:
+            raise RuntimeError(ended)
+        buffer += data
+    return json.loads(buffer.split(b"\n", 1)[0])
+
+
 @contextlib.asynccontextmanager
 async def reference_server() -> Any:
     command = [sys.executable, os.path.abspath(__file__), "--reference"]
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
-        buffer = b""
-        while b"\n" not in buffer:
-            data = await process.stdout.receive_some(4096)
-            if not data:
-                raise RuntimeError("the reference app did not start")
-            buffer += data
-        yield json.loads(buffer.split(b"\n", 1)[0])
+        yield await _first_json_line(process.stdout, "the reference app did not start")
     finally:
         process.terminate()
         with trio.move_on_after(5):
@@ -513,41 +521,14 @@ async def reference_server() -> Any:
 
 async def start_sessions(nursery: trio.Nursery, data_dir: str) -> tuple[Any, Any, int, str]:
     """The sessions app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
-    import httpx
-
-    from troupe.auth import TokenScope, new_token_secret, sessions_audience, token_create
+    from troupe.auth import TokenScope, sessions_audience
     from troupe.http.sessions import SessionsAppDependencies, create_sessions_app
-    from troupe.models import embedder_from_environment, model_from_configuration
-    from troupe.runtime import ActorSystem, real_env
-    from troupe.server import (
-        default_surfaces,
-        surface_actor_kinds,
-        surface_migrations,
-        surface_services,
-    )
-    from troupe.storage import Engine, StorageError
 
-    surfaces = default_surfaces()
-    env = real_env(data_dir)
-    env.model = model_from_configuration(os.environ)
-    env.embedder = embedder_from_environment(os.environ)
-    env.http = httpx.AsyncClient(timeout=30)
-    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
-    system = ActorSystem(
-        env,
-        surface_actor_kinds(surfaces),
-        storage=engine,
-        services=surface_services(surfaces),
-        transient_errors=(StorageError,),
-    )
-    await nursery.start(system.run)
-    secret = new_token_secret(env.random)
-    now = env.clock.wall()
-    await engine.write(lambda connection: token_create(
-        connection, name="bench", scope=TokenScope.of_end_user(end_user_id), secret=secret,
-        created_at=now, audience=sessions_audience))
+    runtime = await start_runtime(nursery, data_dir)
+    engine, system = runtime.engine, runtime.system
+    [secret] = await create_tokens(runtime, ["bench"], TokenScope.of_end_user(end_user_id), audience=sessions_audience)
     dependencies = SessionsAppDependencies(
-        env=env, engine=engine, system=system, readiness=lambda: system.running,
+        env=runtime.env, engine=engine, system=system, readiness=lambda: system.running,
     )
     port = await start_server(nursery, create_sessions_app(dependencies))
     return engine, system, port, secret
@@ -587,13 +568,7 @@ async def _hold_idle(spec: dict[str, Any], measure: Any) -> int:
     process = await trio.lowlevel.open_process(_client_command(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     try:
-        buffer = b""
-        while b"\n" not in buffer:
-            data = await process.stdout.receive_some(4096)
-            if not data:
-                raise RuntimeError("the idle load generator ended early")
-            buffer += data
-        connected = int(json.loads(buffer.split(b"\n", 1)[0])["connected"])
+        connected = int((await _first_json_line(process.stdout, "the idle load generator ended early"))["connected"])
         await trio.sleep(settle_seconds)
         measure()
         await process.stdin.send_all(b"close\n")
@@ -693,23 +668,6 @@ class GcPauses:
         }
 
 
-@contextlib.contextmanager
-def profiled(arguments: argparse.Namespace, phase: str) -> Iterator[None]:
-    """``--profile PHASE``: cProfile this process's trio thread (HTTP, actors) during that phase;
-    the top functions go to stderr.  Storage threads are not seen."""
-    if arguments.profile != phase:
-        yield
-        return
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        stats = pstats.Stats(profiler, stream=sys.stderr)
-        stats.sort_stats(arguments.profile_sort).print_stats(arguments.profile_lines)
-
-
 async def main(arguments: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
@@ -744,7 +702,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 idle_spec = {"mode": "idle", "port": port, "events_path": events_path,
                              "headers": {**headers, "Last-Event-ID": str(last_seq)},
                              "connections": arguments.idle}
-                with profiled(arguments, "idle"):
+                with profiled_phase(arguments, "idle"):
                     figures.update(await measure_idle(idle_spec, arguments.memory_top))
 
             fanout_spec = {"mode": "fanout", "port": port, "events_path": events_path,
@@ -755,7 +713,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
             # Subscribers start from the live end (``Last-Event-ID`` = the current seq).
             fanout_spec["headers"] = {**headers, "Last-Event-ID": str(await wait_idle(port, secret, session_id))}
             cpu_before = time.process_time()
-            with profiled(arguments, "fanout"), GcPauses() as pauses:
+            with profiled_phase(arguments, "fanout"), GcPauses() as pauses:
                 fanout = await run_client(fanout_spec)
             fanout["server_cpu_seconds"] = round(time.process_time() - cpu_before, 2)
             fanout["server"] = pauses.figures
@@ -786,7 +744,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 last_seq = await wait_idle(port, secret, session_id)
             replay_spec = {"mode": "replay", "port": port, "events_path": events_path, "headers": headers,
                            "after_seq": last_seq - replay_events, "replays": arguments.replays}
-            with profiled(arguments, "replay"), GcPauses() as pauses:
+            with profiled_phase(arguments, "replay"), GcPauses() as pauses:
                 figures["replay"] = await run_client(replay_spec)
             figures["replay"]["server"] = pauses.figures
 

@@ -15,13 +15,18 @@ peer request and answer (bodies and headers).
    a PIN token and 2 pairs; 1 makes a token and 2 pairs (a full mesh);
 2. load: ``--operations`` (10,000) knowledge items created in ``shared:*`` scopes, a third on
    each instance, in bulk through the store functions the write path and structuring use
-   (``write_evidence`` then ``create_knowledge``, jobs of ``load_items_per_job``): each item
-   is one operation its device captures, signs and replicates.  The replication loops run
-   during the load (as they would in production);
-3. convergence: polled every ``poll_seconds`` until every instance holds every operation
-   (``sync_ops``) and every item (``knowledge_items``), and the three operation-set digests
-   are equal: ``converge_seconds`` (from the end of the load) and ``total_seconds`` (from its
-   start), bytes and requests exchanged, items per second;
+   (``write_evidence`` then ``create_knowledge``, jobs of ``load_items_per_job``, then the
+   recall index refreshed with the new items, as structuring does after its commit): each
+   item is one operation its device captures, signs and replicates.  The replication loops
+   run during the load (as they would in production);
+3. convergence: the operation and item counts polled every ``poll_seconds`` until every
+   instance holds every operation (``sync_ops`` + ``sync_covered``) and every item
+   (``knowledge_items``), then the three operation-set digests compared:
+   ``converge_seconds`` (from the end of the load) and ``total_seconds`` (from its start),
+   bytes and requests exchanged, items per second, and ``cpu_seconds`` for the load and the
+   convergence (the process, its event loop thread, and each instance's storage threads);
+   then ``index_settled_seconds``: until every instance's recall index holds every item
+   (remote winners are re-indexed beside replication, after their commit);
 4. anti-entropy with nothing to repair: one forced round (``RunSyncRound``, gossip and
    version-vector exchange with both peers) on each instance, timed, with its bytes.
 
@@ -36,6 +41,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -75,9 +81,35 @@ class CountingTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class MeteredExecutor:
+    """The real executor, adding up the CPU (``time.thread_time`` in the worker thread) of
+    every storage job batch and read it runs: the instance's share of the process's CPU that
+    is not the event loop's (the three instances share one trio loop and one GIL, so the loop's
+    CPU is only known for the process as a whole)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.cpu_seconds = 0.0
+        self.lock = threading.Lock()
+
+    async def run_sync(self, function: Any, *args: Any) -> Any:
+        def metered(*inner_args: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return function(*inner_args)
+            finally:
+                spent = time.thread_time() - began
+                with self.lock:  # readers and the writer run in several threads at once
+                    self.cpu_seconds += spent
+
+        return await self.inner.run_sync(metered, *args)
+
+
 class Instance:
-    def __init__(self, index: int, env: Any, engine: Any, system: Any, port: int, meter: CountingTransport) -> None:
+    def __init__(self, index: int, env: Any, engine: Any, system: Any, port: int, meter: CountingTransport,
+                 executor: MeteredExecutor) -> None:
         self.index, self.env, self.engine, self.system, self.port, self.meter = index, env, engine, system, port, meter
+        self.executor = executor
 
     @property
     def base(self) -> str:
@@ -103,6 +135,8 @@ async def start_instance(nursery: trio.Nursery, index: int, data_dir: str, gossi
         device_name=f"bench-{index}", gossip_interval_seconds=gossip_seconds))
     env = real_env(data_dir)
     env.model, env.embedder = LocalModel(), HashedEmbedder()
+    executor = MeteredExecutor(env.executor)
+    env.executor = executor
     meter = CountingTransport()
     env.http = httpx.AsyncClient(transport=meter, timeout=30)
     engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations([surface]))
@@ -111,7 +145,7 @@ async def start_instance(nursery: trio.Nursery, index: int, data_dir: str, gossi
     await nursery.start(system.run)
     context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
     port = await start_server(nursery, surface.create_app(context))
-    return Instance(index, env, engine, system, port, meter)
+    return Instance(index, env, engine, system, port, meter, executor)
 
 
 async def pair(client: httpx.AsyncClient, issuer: Instance, joiner: Instance, method: str) -> None:
@@ -138,7 +172,14 @@ def _load_job(connection: Any, plan: list[tuple[Any, ...]]) -> int:
 
 
 async def load(instance: Instance, first: int, count: int) -> None:
-    from troupe.actors.knowledge import EvidenceDraft, evidence_quality_score, extract_structure
+    from troupe.actors.knowledge import (
+        EvidenceDraft,
+        evidence_quality_score,
+        extract_structure,
+        knowledge_indexes,
+    )
+
+    index = await knowledge_indexes.open(instance.engine, instance.env.embedder)
 
     for start in range(first, first + count, load_items_per_job):
         plan = []
@@ -151,6 +192,8 @@ async def load(instance: Instance, first: int, count: int) -> None:
             plan.append((draft, extract_structure("CONVERSATION", raw), instance.env.ids.new_id("evd_"),
                          instance.env.ids.new_id("knw_"), instance.env.clock.wall()))
         await instance.engine.write(lambda connection, plan=plan: _load_job(connection, plan))
+        # As structuring does after its commit: the new items go into the recall index.
+        await index.refresh([knowledge_id for _, _, _, knowledge_id, _ in plan])
 
 
 _held_digests = "SELECT digest FROM sync_ops UNION ALL SELECT digest FROM sync_covered"
@@ -158,13 +201,36 @@ _held_digests = "SELECT digest FROM sync_ops UNION ALL SELECT digest FROM sync_c
 ``sync_covered`` (digest kept), so a replica's operation set is the union of both."""
 
 
-def _replica_state(connection: Any) -> tuple[int, int, str]:
-    operations = connection.execute(f"SELECT count(*) FROM ({_held_digests})").fetchone()[0]
+def _replica_counts(connection: Any) -> tuple[int, int]:
+    """How many operations and shared items a replica holds: two counts, cheap enough to poll
+    (the digest of every operation is taken only once the counts are complete; hashing 10,000
+    digests on three replicas every poll was a tenth of the run's CPU, taken from the devices)."""
+    operations = connection.execute("SELECT (SELECT count(*) FROM sync_ops) + (SELECT count(*) FROM sync_covered)"
+                                    ).fetchone()[0]
     items = connection.execute("SELECT count(*) FROM knowledge_items WHERE scope LIKE 'shared:%'").fetchone()[0]
+    return operations, items
+
+
+def _replica_state(connection: Any) -> tuple[int, int, str]:
+    operations, items = _replica_counts(connection)
     digest = hashlib.sha256()
     for (value,) in connection.execute(f"SELECT digest FROM ({_held_digests}) ORDER BY digest"):
         digest.update(value.encode())
     return operations, items, digest.hexdigest()
+
+
+async def _index_settled(instances: list[Instance], operations: int, loaded: float) -> float | None:
+    """Seconds from the end of the load until every instance's recall index holds every item
+    (the sync actor refreshes it beside replication, after each batch's commit); None when it
+    does not within ``converge_seconds_max``."""
+    from troupe.actors.knowledge import knowledge_indexes
+
+    indexes = [await knowledge_indexes.open(instance.engine, instance.env.embedder) for instance in instances]
+    while time.perf_counter() - loaded < converge_seconds_max:
+        if all(index.indexed_count >= operations for index in indexes):
+            return round(time.perf_counter() - loaded, 3)
+        await trio.sleep(poll_seconds)
+    return None
 
 
 def _traffic(instances: list[Instance]) -> tuple[int, int]:
@@ -194,25 +260,32 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                       for index in range(instances_count)]
             firsts = [sum(counts[:index]) for index in range(instances_count)]
             began = time.perf_counter()
+            cpu_began, loop_began = time.process_time(), time.thread_time()
+            storage_began = [instance.executor.cpu_seconds for instance in instances]
             async with trio.open_nursery() as loaders:
                 for instance, first, count in zip(instances, firsts, counts, strict=True):
                     loaders.start_soon(load, instance, first, count)
             loaded = time.perf_counter()
             figures["load_seconds"] = round(loaded - began, 3)
+            cpu_loaded, loop_loaded = time.process_time(), time.thread_time()
+            storage_loaded = [instance.executor.cpu_seconds for instance in instances]
             converged = False
             reported = loaded
             while time.perf_counter() - loaded < converge_seconds_max:
-                states = [await instance.engine.read(_replica_state) for instance in instances]
-                if all(state[0] >= arguments.operations and state[1] >= arguments.operations for state in states) \
-                        and len({state[2] for state in states}) == 1:
-                    converged = True
-                    break
+                states = [(*await instance.engine.read(_replica_counts), "") for instance in instances]
+                if all(state[0] >= arguments.operations and state[1] >= arguments.operations for state in states):
+                    states = [await instance.engine.read(_replica_state) for instance in instances]
+                    if len({state[2] for state in states}) == 1:
+                        converged = True
+                        break
                 if time.perf_counter() - reported >= progress_seconds:
                     reported = time.perf_counter()
                     print(f"after {reported - loaded:.0f} s: operations {[state[0] for state in states]}, "
                           f"items {[state[1] for state in states]}", file=sys.stderr)
                 await trio.sleep(poll_seconds)
             done = time.perf_counter()
+            cpu_done, loop_done = time.process_time(), time.thread_time()
+            storage_done = [instance.executor.cpu_seconds for instance in instances]
             requests_after, bytes_after = _traffic(instances)
             figures.update(
                 converged=converged,
@@ -225,7 +298,19 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                                                       / (arguments.operations * (instances_count - 1)), 1),
                 replica_operations=[state[0] for state in states],
                 replica_items=[state[1] for state in states],
+                # CPU (one process: the three instances share its event loop and its GIL).
+                # "storage" is each instance's own reads and writer jobs (its worker threads);
+                # "loop" is the event loop's thread (HTTP, signing, checks, actors: all three).
+                cpu_seconds={
+                    "load": {"process": round(cpu_loaded - cpu_began, 2), "loop": round(loop_loaded - loop_began, 2),
+                             "storage_per_instance": [round(after - before, 2) for before, after
+                                                      in zip(storage_began, storage_loaded, strict=True)]},
+                    "converge": {"process": round(cpu_done - cpu_loaded, 2), "loop": round(loop_done - loop_loaded, 2),
+                                 "storage_per_instance": [round(after - before, 2) for before, after
+                                                          in zip(storage_loaded, storage_done, strict=True)]},
+                },
             )
+            figures["index_settled_seconds"] = await _index_settled(instances, arguments.operations, loaded)
             # Anti-entropy with nothing to repair: one forced round on each instance.
             requests_before, bytes_before = _traffic(instances)
             began = time.perf_counter()

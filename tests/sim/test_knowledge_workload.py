@@ -32,17 +32,21 @@ def test_clean_without_faults_and_exercises_the_surface():
 
 
 def test_catches_a_second_memory_for_one_key(monkeypatch):
-    original = _store.receipt_take
+    # The write path checks a key with ``receipt_check`` (a never-seen key's receipt is
+    # written once, completed) and other paths take it with ``receipt_take``: both forget.
+    def forgetting(original):
+        def forgetful(connection, namespace, key, *arguments, **options):
+            # PLANTED BUG: a completed receipt is dropped, so a resent write runs afresh.
+            decision = original(connection, namespace, key, *arguments, **options)
+            if decision.action == "replay":
+                connection.execute("DELETE FROM knowledge_receipts WHERE namespace = ? AND key = ?",
+                                   (namespace, key))
+                return original(connection, namespace, key, *arguments, **options)
+            return decision
+        return forgetful
 
-    def forgetful(connection, namespace, key, **options):
-        # PLANTED BUG: a completed receipt is dropped, so a resent write runs afresh.
-        decision = original(connection, namespace, key, **options)
-        if decision.action == "replay":
-            connection.execute("DELETE FROM knowledge_receipts WHERE namespace = ? AND key = ?", (namespace, key))
-            return original(connection, namespace, key, **options)
-        return decision
-
-    monkeypatch.setattr(_store, "receipt_take", forgetful)
+    monkeypatch.setattr(_store, "receipt_take", forgetting(_store.receipt_take))
+    monkeypatch.setattr(_store, "receipt_check", forgetting(_store.receipt_check))
     texts = _texts(_knowledge_run(1, 40, faults=quiet))
     assert any("acknowledged with two evidence ids" in text for text in texts), texts
     assert any("evidence rows" in text for text in texts), texts

@@ -33,7 +33,6 @@ server), steps only pause.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -43,9 +42,10 @@ import trio
 
 from troupe.server import ServeOptions
 
-from ._asgi import AsgiDriver, AsgiError, AsgiResponse, IncompleteResponse
+from ._asgi import AsgiDriver, AsgiResponse, IncompleteResponse
 from ._violation import Violation
 from ._workload import World, register_workload
+from ._workload_http import json_or_none, send_traced
 
 checker_name = "admin"
 client_pause_seconds_max = 0.05
@@ -193,21 +193,15 @@ class AdminWorkload:
     ) -> tuple[AsgiResponse | None, tuple[int, ...]]:
         """One request, traced as an invocation and a completion; None if it failed.
         ``cut_short_ok``: a response cut off mid-body is a correct answer (see ``BodyLimit``)."""
-        invoked = world.tracer.record("http_invoke", "http", "admin", client=client, method=method, path=path)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, **request)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", "admin", client=client, error=type(error).__name__)
-            if not (cut_short_ok and isinstance(error, IncompleteResponse)):
-                self._violate(f"admin: {method} {path} failed: {error}", (invoked, failed))
-            return None, (invoked, failed)
-        completed = world.tracer.record("http_ok", "http", "admin", client=client, status=response.status)
+        exchange = await send_traced(world, driver, "admin", method, path, labels={"client": client},
+                                     violate=lambda text, sequences: self._violate(f"admin: {text}", sequences),
+                                     **request)
+        if exchange.response is None:
+            if not (cut_short_ok and isinstance(exchange.error, IncompleteResponse)):
+                self._violate(f"admin: {method} {path} failed: {exchange.error}", exchange.sequences)
+            return None, exchange.sequences
         self.responses += 1
-        sequences = (invoked, completed)
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"admin: the app raised on {method} {path}: {driver.app_errors[-1]}", sequences)
-        return response, sequences
+        return exchange.response, exchange.sequences
 
     def _violate(self, text: str, sequences: tuple[int, ...] = ()) -> None:
         self._pending.append(Violation(text, sequences=sequences, actors=(("http", "admin"),), checker=checker_name))
@@ -223,7 +217,7 @@ class AdminWorkload:
 
     async def healthz(self, world: World, driver: AsgiDriver, client: int) -> None:
         response, sequences = await self._send(world, driver, client, "GET", "/healthz")
-        if response is not None and (response.status, _json_or_none(response)) != (200, {"status": "ok"}):
+        if response is not None and (response.status, json_or_none(response.body)) != (200, {"status": "ok"}):
             self._violate(f"admin: /healthz answered {response.status} {response.body[:200]!r}", sequences)
 
     async def readyz(self, world: World, driver: AsgiDriver, client: int) -> None:
@@ -232,7 +226,7 @@ class AdminWorkload:
         if response is None:
             return
         ready_after = _ready(world)
-        document = _json_or_none(response)
+        document = json_or_none(response.body)
         components = document.get("components") if isinstance(document, dict) else None
         if not isinstance(components, dict) or set(components) != readiness_components:
             self._violate(f"admin: /readyz components malformed: {response.body[:200]!r}", sequences)
@@ -271,7 +265,7 @@ class AdminWorkload:
         if response is None:
             return
         after = _system_counters(world)
-        document = _json_or_none(response)
+        document = json_or_none(response.body)
         if response.status != 200 or not isinstance(document, dict):
             self._violate(f"admin: /actors answered {response.status} {response.body[:200]!r}", sequences)
             return
@@ -377,18 +371,11 @@ def _ready(world: World) -> bool:
     return world.system is not None and world.system.running
 
 
-def _json_or_none(response: AsgiResponse) -> Any:
-    try:
-        return json.loads(response.body)
-    except ValueError:
-        return None
-
-
 def _envelope_problem(response: AsgiResponse, code: str) -> str | None:
     """Why ``response`` is not troupe's error envelope with ``code`` (None when it is)."""
     if not (response.header("content-type") or "").startswith("application/json"):
         return f"content-type {response.header('content-type')!r} is not JSON"
-    document = _json_or_none(response)
+    document = json_or_none(response.body)
     error = document.get("error") if isinstance(document, dict) else None
     if not isinstance(error, dict) or set(document) != {"error"} or set(error) != {"code", "message"}:
         return f"not the error envelope: {response.body[:200]!r}"

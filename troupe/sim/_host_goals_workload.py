@@ -69,13 +69,13 @@ import trio
 
 from troupe.auth import TokenScope, new_token_secret
 from troupe.models import Completion, Usage
-from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
 from ._tokens import TokenGrant, write_tokens
 from ._trace_queries import OverrunningTurns, PoisonedReminders, _TraceFollower
 from ._violation import Violation
-from ._workload import World, register_workload
+from ._workload import World, check_shares, choose_by_share, read_checkpoint, register_workload
+from ._workload_http import HttpExchange, json_or_none, send_retrying, send_traced
 
 api = "/api/v1"
 client_pause_seconds_max = 0.2
@@ -292,37 +292,24 @@ class HostGoalsWorkload:
 
     async def _send(self, world: World, driver: AsgiDriver, token: GoalToken, method: str, path: str,
                     body: Any = None) -> tuple[AsgiResponse | None, Any, tuple[int, ...]]:
+        exchange = await self._exchange(world, driver, token, method, path, body)
+        return exchange.response, exchange.document, exchange.sequences
+
+    async def _exchange(self, world: World, driver: AsgiDriver, token: GoalToken, method: str, path: str,
+                        body: Any = None) -> HttpExchange:
         data = b"" if body is None else json.dumps(body, ensure_ascii=False).encode()
-        invoked = world.tracer.record("http_invoke", "http", "host", method=method, path=path, token=token.name)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=self._headers(token), body=data,
-                                            seconds_max=request_seconds_max)
-        except AsgiError as error:
-            return None, None, (invoked, world.tracer.record("http_fail", "http", "host", error=type(error).__name__))
-        sequences = (invoked, world.tracer.record("http_ok", "http", "host", status=response.status))
-        self.responses += 1
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", sequences)
-        document = _json_or_none(response.body)
-        if response.status >= 400:
-            problem = _envelope_problem(response, document)
-            if problem:
-                self._violate(f"{method} {path} answered {response.status}: {problem}", sequences)
-        return response, document, sequences
+        exchange = await send_traced(world, driver, "host", method, path, violate=self._violate,
+                                     envelope=_envelope_problem, invoke_labels={"token": token.name},
+                                     headers=self._headers(token), body=data, seconds_max=request_seconds_max)
+        self.responses += exchange.response is not None
+        return exchange
 
     async def _send_retrying(self, world: World, driver: AsgiDriver, token: GoalToken, method: str, path: str,
                              body: Any = None) -> tuple[AsgiResponse | None, Any, tuple[int, ...]]:
-        sequences: tuple[int, ...] = ()
-        response = document = None
-        for attempt in range(attempts_max):
-            response, document, more = await self._send(world, driver, token, method, path, body)
-            sequences += more
-            if response is not None and response.status not in transient_statuses:
-                break
-            if attempt + 1 < attempts_max:
-                await trio.sleep(_retry_seconds(response, world))
-        return response, document, sequences
+        exchange = await send_retrying(world, lambda: self._exchange(world, driver, token, method, path, body),
+                                       attempts_max=attempts_max, transient_statuses=transient_statuses,
+                                       sleep_seconds_max=retry_sleep_seconds_max)
+        return exchange.response, exchange.document, exchange.sequences
 
     def _unexpected(self, what: str, response: AsgiResponse | None, sequences: tuple[int, ...],
                     expected: str) -> None:
@@ -336,12 +323,9 @@ class HostGoalsWorkload:
         driver = world.apps.get("host")
         if driver is None or world.engine is None or not await self._ensure_tokens(world):
             return
-        roll = world.random.random()
-        for share, operation in _operations:
-            if roll < share:
-                await operation(self, world, driver)
-                return
-            roll -= share
+        operation = choose_by_share(world.random.random(), _operations)
+        if operation is not None:
+            await operation(self, world, driver)
 
     def _pick_token(self, world: World) -> GoalToken:
         return self.tokens[world.random.randrange(0, len(self.tokens))]
@@ -631,12 +615,12 @@ class HostGoalsWorkload:
                     with trio.move_on_after(request_seconds_max):
                         body = await stream.read()
                         response = AsgiResponse(stream.status, stream.headers, body)
-                        problem = _envelope_problem(response, _json_or_none(body))
+                        problem = _envelope_problem(response, json_or_none(body))
                         if problem:
                             self._violate(f"GET /events answered {stream.status}: {problem}", connection.sequences)
                         elif stream.status not in (429, 503):
                             self._violate(f"GET /events answered {stream.status} {body[:160]!r}", connection.sequences)
-                        elif stream.status == 429 and _json_or_none(body)["error"]["code"].startswith("event_") \
+                        elif stream.status == 429 and json_or_none(body)["error"]["code"].startswith("event_") \
                                 and stream.header("retry-after") != "5":
                             self._violate("a connection-limit 429 without Retry-After: 5", connection.sequences)
                     return
@@ -670,7 +654,7 @@ class HostGoalsWorkload:
                     self._violate(f"a frame with more than one data line: {block[:160]!r}", connection.sequences)
                 data_text = line[6:]
         sequences = connection.sequences
-        data = _json_or_none((data_text or "").encode())
+        data = json_or_none((data_text or "").encode())
         match = re.fullmatch(r"([0-9a-f]{32}):([0-9]+)", frame_id or "")
         if match is None or event not in ("reminder", "heartbeat", "resync") or not isinstance(data, dict):
             self._violate(f"malformed frame {block[:200]!r}", sequences)
@@ -776,7 +760,7 @@ class HostGoalsWorkload:
         sequences = (invoked, world.tracer.record("http_ok", "http", "host", status=response.status))
         if response.status in transient_statuses:
             return
-        document = _json_or_none(response.body)
+        document = json_or_none(response.body)
         problem = _envelope_problem(response, document) if response.status >= 400 else "not refused"
         if problem or document["error"]["code"] != "invalid_request":
             self._violate(f"GET {path} answered {response.status} {response.body[:160]!r}: {problem}", sequences)
@@ -821,10 +805,8 @@ class HostGoalsWorkload:
 
     async def _check_storage(self, world: World, *, quiescent: bool) -> None:
         self._check_publications_after_finish(world)
-        try:
-            snapshot = await world.engine.read(_read_snapshot)
-        except StorageError as error:
-            self._violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        snapshot = await read_checkpoint(world, _read_snapshot, self._violate)
+        if snapshot is None:
             return
         now = world.env.clock.wall()
         poisoned, overrunning = self._excused(world)
@@ -1008,26 +990,10 @@ def _last_tag(content: str) -> int:
     return int(tags[-1]) if tags else 0
 
 
-def _json_or_none(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
 def _envelope_problem(response: AsgiResponse, document: Any) -> str | None:
     from ._host_workload import envelope_problem
 
     return envelope_problem(response, document, codes=documented_codes)
-
-
-def _retry_seconds(response: AsgiResponse | None, world: World) -> float:
-    if response is not None:
-        try:
-            return min(float(response.header("retry-after") or 1), retry_sleep_seconds_max)
-        except ValueError:
-            pass
-    return 0.5 + world.random.random()
 
 
 Operation = Callable[[HostGoalsWorkload, World, AsgiDriver], Awaitable[Any]]
@@ -1040,7 +1006,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
     (0.03, HostGoalsWorkload.events_status),
     (0.03, HostGoalsWorkload.bad_request),
 )
-assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
+check_shares(_operations)
 
 # Not in the default selection: the ``host`` workload runs this part already.
 register_workload("host_goals", HostGoalsWorkload, in_default=False)

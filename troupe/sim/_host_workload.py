@@ -52,14 +52,14 @@ from typing import Any
 import trio
 
 from troupe.auth import TokenScope, new_token_secret
-from troupe.storage import StorageError
 
-from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._asgi import AsgiDriver, AsgiResponse
 from ._host_goals_workload import HostGoalsWorkload
 from ._tokens import TokenGrant, write_tokens
 from ._trace_queries import OverrunningTurns, PoisonedReminders
 from ._violation import Violation
-from ._workload import World, register_workload
+from ._workload import World, check_shares, choose_by_share, read_checkpoint, register_workload
+from ._workload_http import HttpExchange, send_retrying, send_traced
 
 checker_name = "host"
 api = "/api/v1"
@@ -158,13 +158,6 @@ class Recall:
 
 
 @dataclass
-class _Exchange:
-    response: AsgiResponse | None
-    sequences: tuple[int, ...]
-    document: Any = None
-
-
-@dataclass
 class _Model:
     """What the hosts were told, kept across process lifetimes."""
 
@@ -230,49 +223,27 @@ class HostWorkload:
         return True
 
     async def _send(self, world: World, driver: AsgiDriver, token: str | None, method: str, path: str,
-                    body: Any = None, *, raw: bytes | None = None) -> _Exchange:
+                    body: Any = None, *, raw: bytes | None = None) -> HttpExchange:
         """One request; checks the envelope of any error.  ``response`` is None when the
         exchange failed (timeout, cut short): an unknown outcome."""
         headers = [("content-type", "application/json")]
         if token is not None:
             headers.append(("authorization", f"Bearer {self.secrets.get(token, 'troupe_unknown')}"))
         data = raw if raw is not None else (b"" if body is None else json.dumps(body, ensure_ascii=False).encode())
-        invoked = world.tracer.record("http_invoke", "http", "host", method=method, path=path, token=token or "")
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=headers, body=data, seconds_max=request_seconds_max)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", "host", error=type(error).__name__)
-            return _Exchange(None, (invoked, failed))
-        completed = world.tracer.record("http_ok", "http", "host", status=response.status)
-        self.responses += 1
-        sequences = (invoked, completed)
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", sequences)
-        document = _json_or_none(response)
-        if response.status >= 400:
-            problem = envelope_problem(response, document)
-            if problem:
-                self._violate(f"{method} {path} answered {response.status}: {problem}", sequences)
-        return _Exchange(response, sequences, document)
-
-    async def _send_retrying(self, world: World, driver: AsgiDriver, token: str, method: str, path: str,
-                             body: Any = None) -> _Exchange:
-        """Send, and resend the same body after a timeout or a transient status."""
-        exchange = _Exchange(None, ())
-        sequences: tuple[int, ...] = ()
-        for attempt in range(attempts_max):
-            exchange = await self._send(world, driver, token, method, path, body)
-            sequences += exchange.sequences
-            response = exchange.response
-            if response is not None and response.status not in transient_statuses:
-                break
-            if attempt + 1 < attempts_max:
-                await trio.sleep(_retry_seconds(response, world))
-        exchange.sequences = sequences
+        exchange = await send_traced(world, driver, "host", method, path, violate=self._violate,
+                                     envelope=envelope_problem, invoke_labels={"token": token or ""},
+                                     headers=headers, body=data, seconds_max=request_seconds_max)
+        self.responses += exchange.response is not None
         return exchange
 
-    def _unexpected(self, what: str, exchange: _Exchange, expected: str) -> None:
+    async def _send_retrying(self, world: World, driver: AsgiDriver, token: str, method: str, path: str,
+                             body: Any = None) -> HttpExchange:
+        """Send, and resend the same body after a timeout or a transient status."""
+        return await send_retrying(world, lambda: self._send(world, driver, token, method, path, body),
+                                   attempts_max=attempts_max, transient_statuses=transient_statuses,
+                                   sleep_seconds_max=retry_sleep_seconds_max)
+
+    def _unexpected(self, what: str, exchange: HttpExchange, expected: str) -> None:
         response = exchange.response
         if response is None or response.status in transient_statuses:
             return  # still unknown after the retries: nothing to hold against the surface
@@ -290,12 +261,9 @@ class HostWorkload:
         if world.random.random() < goals_step_share:
             await self.goals.client_step(world, client)
             return
-        roll = world.random.random()
-        for share, operation in _operations:
-            if roll < share:
-                await operation(self, world, driver)
-                return
-            roll -= share
+        operation = choose_by_share(world.random.random(), _operations)
+        if operation is not None:
+            await operation(self, world, driver)
 
     def _pick_token(self, world: World) -> HostToken:
         return host_tokens[world.random.randrange(0, len(host_tokens))]
@@ -568,7 +536,7 @@ class HostWorkload:
             self._violate("401 without WWW-Authenticate: Bearer", exchange.sequences)
 
     # ------------------------------------------------------------------ response checks
-    def _expect_code(self, exchange: _Exchange, status: int, code: str, what: str) -> None:
+    def _expect_code(self, exchange: HttpExchange, status: int, code: str, what: str) -> None:
         response = exchange.response
         assert response is not None
         found = (exchange.document or {}).get("error", {}) if isinstance(exchange.document, dict) else {}
@@ -576,7 +544,7 @@ class HostWorkload:
             self._violate(f"{what} answered {response.status} {response.body[:160]!r}, expected {status} {code}",
                           exchange.sequences)
 
-    def _check_visible(self, token: HostToken, exchange: _Exchange, what: str) -> None:
+    def _check_visible(self, token: HostToken, exchange: HttpExchange, what: str) -> None:
         """No entry outside the token's scope is named (by id or by name) anywhere in the answer."""
         assert exchange.response is not None
         text = exchange.response.body.decode("utf-8", "replace")
@@ -585,7 +553,7 @@ class HostWorkload:
         if leaked:
             self._violate(f"{what} shows {token.name} entries outside its scope: {leaked}", exchange.sequences)
 
-    def _check_recent(self, entry_id: str, recent: Any, exchange: _Exchange) -> None:
+    def _check_recent(self, entry_id: str, recent: Any, exchange: HttpExchange) -> None:
         if not isinstance(recent, list):
             self._violate(f"prepare on {entry_id}: recent_messages is {recent!r}", exchange.sequences)
             return
@@ -595,7 +563,7 @@ class HostWorkload:
         if strangers:
             self._violate(f"prepare on {entry_id} shows other entries' messages {strangers}", exchange.sequences)
 
-    def _check_hints(self, hints: Any, exchange: _Exchange) -> None:
+    def _check_hints(self, hints: Any, exchange: HttpExchange) -> None:
         for hint in hints if isinstance(hints, list) else []:
             if isinstance(hint, dict) and hint.get("code") == "other_entries_pending" and not set(hint) <= pending_hint_keys:
                 self._violate(f"other_entries_pending reveals {sorted(set(hint) - pending_hint_keys)}", exchange.sequences)
@@ -616,10 +584,8 @@ class HostWorkload:
         return pending
 
     async def _check_storage(self, world: World, *, quiescent: bool) -> None:
-        try:
-            snapshot = await world.engine.read(_read_snapshot)
-        except StorageError as error:
-            self._violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        snapshot = await read_checkpoint(world, _read_snapshot, self._violate)
+        if snapshot is None:
             return
         self._check_messages(snapshot)
         if self._poisoned is None:
@@ -768,22 +734,6 @@ def _spoil(world: World, message: dict[str, Any], *, fresh: bool) -> None:
         message["sender"] = "名" * 201  # 400 (a repeated key's media would not be re-checked)
 
 
-def _retry_seconds(response: AsgiResponse | None, world: World) -> float:
-    if response is not None:
-        try:
-            return min(float(response.header("retry-after") or 1), retry_sleep_seconds_max)
-        except ValueError:
-            pass
-    return 0.5 + world.random.random()
-
-
-def _json_or_none(response: AsgiResponse) -> Any:
-    try:
-        return json.loads(response.body)
-    except ValueError:
-        return None
-
-
 optional_error_members = frozenset({"field", "canonical_id"})
 """Members the contract allows beside the fixed ones: the legacy ``field`` of an oversized
 message, and ``canonical_id`` on some errors."""
@@ -833,7 +783,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
     (0.05, HostWorkload.status),
     (0.05, HostWorkload.bad_token),
 )
-assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
+check_shares(_operations)
 
 
 register_workload("host", HostWorkload)

@@ -64,9 +64,10 @@ from troupe.actors.knowledge.sync import (
 )
 from troupe.storage import StorageError
 
-from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._asgi import AsgiDriver, AsgiResponse
 from ._violation import Violation
 from ._workload import World, register_workload
+from ._workload_http import send_traced
 
 checker_name = "knowledge-sync"
 surface_name = "knowledge"
@@ -200,21 +201,13 @@ class KnowledgeSyncWorkload:
                     document: Any = None) -> tuple[AsgiResponse | None, Any, tuple[int, int]]:
         body = b"" if document is None else json.dumps(document, ensure_ascii=False).encode()
         headers = [("content-type", "application/json")] if body else []
-        invoked = world.tracer.record("http_invoke", "http", surface_name, method=method, path=path)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=headers, body=body, seconds_max=request_seconds_max)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", surface_name, error=type(error).__name__)
-            return None, None, (invoked, failed)
-        completed = world.tracer.record("http_ok", "http", surface_name, status=response.status)
+        exchange = await send_traced(world, driver, surface_name, method, path, violate=self._violate,
+                                     headers=headers, body=body, seconds_max=request_seconds_max)
+        response, parsed = exchange.response, exchange.document
+        invoked, completed = exchange.invoke_seq, exchange.complete_seq
+        if response is None:
+            return None, None, (invoked, completed)
         self.responses += 1
-        try:
-            parsed = json.loads(response.body) if response.body else None
-        except ValueError:
-            parsed = None
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", (invoked, completed))
         if response.status >= 400 and not (isinstance(parsed, dict) and isinstance(parsed.get("error"), str)):
             self._violate(f"{method} {path} answered {response.status} without an error code: {response.body[:200]!r}",
                           (invoked, completed))

@@ -66,11 +66,10 @@ from typing import Any
 
 import trio
 
-from troupe.storage import StorageError
-
-from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._asgi import AsgiDriver
 from ._violation import Violation
-from ._workload import World, register_workload
+from ._workload import World, check_shares, choose_by_share, read_checkpoint, register_workload
+from ._workload_http import HttpExchange, retry_seconds, send_traced
 
 checker_name = "knowledge"
 surface_name = "knowledge"
@@ -159,26 +158,6 @@ class SentRequest:
     @property
     def encoded(self) -> bytes:
         return json.dumps(self.body, ensure_ascii=False).encode()
-
-
-@dataclass
-class _Exchange:
-    response: AsgiResponse | None
-    invoke_seq: int
-    complete_seq: int
-    document: Any = None
-
-    @property
-    def sequences(self) -> tuple[int, ...]:
-        return tuple(number for number in (self.invoke_seq, self.complete_seq) if number)
-
-    @property
-    def status(self) -> int:
-        return 0 if self.response is None else self.response.status
-
-    @property
-    def code(self) -> str:
-        return self.document.get("error", "") if isinstance(self.document, dict) else ""
 
 
 @dataclass
@@ -275,27 +254,20 @@ class KnowledgeWorkload:
             rates[sensitivity_fault_point] = math.exp(
                 math.log(low) + (math.log(high) - math.log(low)) * world.random.random())
 
-    async def _send(self, world: World, driver: AsgiDriver, method: str, path: str, body: bytes = b"") -> _Exchange:
+    async def _send(self, world: World, driver: AsgiDriver, method: str, path: str, body: bytes = b"") -> HttpExchange:
         """One request; checks what every answer must satisfy.  ``response`` is None when the
         exchange failed (timeout, cut short): an unknown outcome."""
         headers = [("content-type", "application/json")] if body else []
-        invoked = world.tracer.record("http_invoke", "http", surface_name, method=method, path=path)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=headers, body=body, seconds_max=request_seconds_max)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", surface_name, error=type(error).__name__)
-            return _Exchange(None, invoked, failed)
-        completed = world.tracer.record("http_ok", "http", surface_name, status=response.status)
+        exchange = await send_traced(world, driver, surface_name, method, path, violate=self._violate,
+                                     headers=headers, body=body, seconds_max=request_seconds_max)
+        if exchange.response is None:
+            return exchange
         self.responses += 1
-        exchange = _Exchange(response, invoked, completed, _json_or_none(response))
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", exchange.sequences)
-        if response.status >= 400:
+        if exchange.response.status >= 400:
             self._check_error_body(method, path, exchange)
         return exchange
 
-    def _check_error_body(self, method: str, path: str, exchange: _Exchange) -> None:
+    def _check_error_body(self, method: str, path: str, exchange: HttpExchange) -> None:
         response, document = exchange.response, exchange.document
         assert response is not None
         if not (isinstance(document, dict) and set(document) == error_body_keys and document["error"] in error_codes
@@ -305,7 +277,7 @@ class KnowledgeWorkload:
         elif response.status == 500 and (document["error"] != "INTERNAL_ERROR" or document["message"] != "internal error"):
             self._violate(f"{method} {path} answered 500 with details: {response.body[:200]!r}", exchange.sequences)
 
-    def _unexpected(self, what: str, exchange: _Exchange, scope: str | None = None) -> None:
+    def _unexpected(self, what: str, exchange: HttpExchange, scope: str | None = None) -> None:
         body = exchange.response.body[:200] if exchange.response is not None else b""
         self._violate(f"{what} answered {exchange.status} {body!r}", exchange.sequences, scope)
 
@@ -316,12 +288,9 @@ class KnowledgeWorkload:
         if driver is None or world.engine is None:
             return
         self._arm_domain_fault_point(world)
-        roll = world.random.random()
-        for share, operation in _operations:
-            if roll < share:
-                await operation(self, world, driver)
-                return
-            roll -= share
+        operation = choose_by_share(world.random.random(), _operations)
+        if operation is not None:
+            await operation(self, world, driver)
 
     def _new_tag(self, scope: str, sensitive: bool) -> int:
         tag = self._next()
@@ -403,13 +372,13 @@ class KnowledgeWorkload:
                         authorised = True
                         continue  # the one authorised retry, right away
                 if attempt + 1 < attempts_max:
-                    await trio.sleep(_retry_seconds(exchange.response, world))
+                    await trio.sleep(retry_seconds(exchange.response, world, retry_sleep_seconds_max))
         finally:
             request.busy = False
 
-    def _judge(self, request: SentRequest, exchange: _Exchange) -> str:
+    def _judge(self, request: SentRequest, exchange: HttpExchange) -> str:
         """What one answer to ``request`` says: ``settled``, ``retry`` or ``failed_receipt``."""
-        status, code = exchange.status, exchange.code
+        status, code = exchange.status, _error_code(exchange)
         what = f"{request.route} {request.key}"
         if status == 200:
             self._acknowledged(request, exchange)
@@ -447,7 +416,7 @@ class KnowledgeWorkload:
         request.settled = True
         return "settled"
 
-    def _acknowledged(self, request: SentRequest, exchange: _Exchange) -> None:
+    def _acknowledged(self, request: SentRequest, exchange: HttpExchange) -> None:
         document, what = exchange.document, f"{request.route} {request.key}"
         evidence_id = document.get("evidence_id") if isinstance(document, dict) else None
         if not isinstance(evidence_id, str) or not evidence_id:
@@ -497,7 +466,7 @@ class KnowledgeWorkload:
                 "reason": f"agent verified turn {request.number} is missing"}
         exchange = await self._send(world, driver, "POST", "/agent/idempotency/recover",
                                     json.dumps(body, ensure_ascii=False).encode())
-        document, code = exchange.document, exchange.code
+        document, code = exchange.document, _error_code(exchange)
         if exchange.status == 200:
             if not (isinstance(document, dict) and document.get("status") == "RETRY_AUTHORIZED"
                     and document.get("idempotency_key") == request.key
@@ -537,7 +506,7 @@ class KnowledgeWorkload:
         if exchange.status == 200:
             self._violate(f"recover {request.key} authorised a retry of an acknowledged request",
                           (request.ack_seq, *exchange.sequences), request.scope)
-        elif exchange.status and exchange.code not in ("IDEMPOTENCY_COMPLETED", *unknown_outcome_codes):
+        elif exchange.status and _error_code(exchange) not in ("IDEMPOTENCY_COMPLETED", *unknown_outcome_codes):
             self._unexpected(f"recover of acknowledged {request.key}", exchange, request.scope)
 
     # -- updates -----------------------------------------------------------------------------
@@ -618,7 +587,7 @@ class KnowledgeWorkload:
                 self._violate(f"/agent/context listed sensitive evidence {evidence_id}", exchange.sequences, scope)
         self._check_tags(context, "/agent/context", sent_at, exchange, scope, sensitive_banned=True)
 
-    def _check_id(self, identifier: str, what: str, sent_at: int, exchange: _Exchange, scope: str | None,
+    def _check_id(self, identifier: str, what: str, sent_at: int, exchange: HttpExchange, scope: str | None,
                   forgotten: set[str] | None = None) -> None:
         """A returned knowledge or evidence id: not forgotten before the read, of the asked scope."""
         forgotten_at = self.forgotten.get(identifier)
@@ -629,7 +598,7 @@ class KnowledgeWorkload:
         if scope is not None and written_to is not None and written_to != scope:
             self._violate(f"{what} for {scope} returned {identifier} of {written_to}", exchange.sequences, scope)
 
-    def _check_tags(self, text: str, what: str, sent_at: int, exchange: _Exchange, scope: str | None, *,
+    def _check_tags(self, text: str, what: str, sent_at: int, exchange: HttpExchange, scope: str | None, *,
                     sensitive_banned: bool) -> None:
         for tag in sorted({int(found) for found in tag_pattern.findall(text)}):
             owner = self.tag_scope.get(tag)
@@ -728,7 +697,7 @@ class KnowledgeWorkload:
         exchange = await self._send(world, driver, "POST", "/forget",
                                     json.dumps(confirm_body, ensure_ascii=False).encode())
         document = exchange.document
-        if exchange.status in (0, 500, 503) or exchange.code in ("REQUEST_NOT_FOUND", "CONFLICT_TIMEOUT"):
+        if exchange.status in (0, 500, 503) or _error_code(exchange) in ("REQUEST_NOT_FOUND", "CONFLICT_TIMEOUT"):
             return  # unknown, or the plan was used or expired meanwhile (a crash, a clock jump)
         if exchange.status != 200 or not isinstance(document, dict) or document.get("status") != "forgotten" \
                 or not isinstance(document.get("forgotten_ids"), list):
@@ -771,10 +740,8 @@ class KnowledgeWorkload:
         return pending
 
     async def _check_storage(self, world: World, *, quiescent: bool) -> _Snapshot | None:
-        try:
-            snapshot = await world.engine.read(_read_snapshot)
-        except StorageError as error:
-            self._violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        snapshot = await read_checkpoint(world, _read_snapshot, self._violate)
+        if snapshot is None:
             return None
         self._check_keys(snapshot)
         self._check_durable(snapshot, quiescent=quiescent)
@@ -837,20 +804,10 @@ class KnowledgeWorkload:
                 self._violate(f"forgotten evidence {identifier} is linked to {knowledge_id}", (), once=True)
 
 
-def _retry_seconds(response: AsgiResponse | None, world: World) -> float:
-    if response is not None:
-        try:
-            return min(float(response.header("retry-after") or 1), retry_sleep_seconds_max)
-        except ValueError:
-            pass
-    return 0.5 + world.random.random()
-
-
-def _json_or_none(response: AsgiResponse) -> Any:
-    try:
-        return json.loads(response.body)
-    except ValueError:
-        return None
+def _error_code(exchange: HttpExchange) -> str:
+    """The contract's error code of an answer (``""`` when it has none)."""
+    document = exchange.document
+    return document.get("error", "") if isinstance(document, dict) else ""
 
 
 Operation = Callable[[KnowledgeWorkload, World, AsgiDriver], Awaitable[None]]
@@ -864,7 +821,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
     (0.06, KnowledgeWorkload.evidence),
     (0.07, KnowledgeWorkload.forget),
 )
-assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
+check_shares(_operations)
 
 
 register_workload("knowledge", KnowledgeWorkload)

@@ -69,12 +69,12 @@ from troupe.auth import (
     new_token_secret,
     sessions_audience,
 )
-from troupe.storage import StorageError
 
 from ._asgi import AsgiDriver, AsgiError, AsgiResponse
 from ._tokens import TokenGrant, write_tokens
 from ._violation import Violation
-from ._workload import World, register_workload
+from ._workload import World, check_shares, choose_by_share, read_checkpoint, register_workload
+from ._workload_http import send_traced
 
 checker_name = "sessions"
 api = "/v2"
@@ -235,23 +235,12 @@ class SessionsWorkload:
     async def _send(self, world: World, driver: AsgiDriver, phone: _Phone, method: str, path: str,
                     body: Any = None) -> tuple[AsgiResponse | None, Any, tuple[int, ...]]:
         data = b"" if body is None else json.dumps(body, ensure_ascii=False).encode()
-        invoked = world.tracer.record("http_invoke", "http", "sessions", method=method, path=path)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=self._headers(phone), body=data,
-                                            seconds_max=request_seconds_max)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", "sessions", error=type(error).__name__)
-            return None, None, (invoked, failed)
-        completed = world.tracer.record("http_ok", "http", "sessions", status=response.status)
+        exchange = await send_traced(world, driver, "sessions", method, path, violate=self._violate,
+                                     headers=self._headers(phone), body=data, seconds_max=request_seconds_max)
+        response, document, sequences = exchange.response, exchange.document, exchange.sequences
+        if response is None:
+            return None, None, sequences
         self.responses += 1
-        sequences = (invoked, completed)
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", sequences)
-        try:
-            document = json.loads(response.body) if response.body else None
-        except ValueError:
-            document = None
         if response.status >= 400:
             error = document.get("error") if isinstance(document, dict) else None
             if not isinstance(error, dict) or not isinstance(error.get("code"), str) or "message" not in error:
@@ -279,12 +268,9 @@ class SessionsWorkload:
         if not phone.sessions:
             await self.create(world, driver, phone)
             return
-        roll = world.random.random()
-        for share, operation in _operations:
-            if roll < share:
-                await operation(self, world, driver, phone)
-                return
-            roll -= share
+        operation = choose_by_share(world.random.random(), _operations)
+        if operation is not None:
+            await operation(self, world, driver, phone)
 
     def _pick(self, world: World, phone: _Phone) -> _Session:
         return self.sessions[phone.sessions[world.random.randrange(0, len(phone.sessions))]]
@@ -617,10 +603,8 @@ class SessionsWorkload:
             waited += quiescence_poll_seconds
 
     async def _check_storage(self, world: World) -> None:
-        try:
-            snapshot = await world.engine.read(_read_snapshot)
-        except StorageError as error:
-            self._violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        snapshot = await read_checkpoint(world, _read_snapshot, self._violate)
+        if snapshot is None:
             return
         for session in self.sessions.values():
             if session.session_id not in snapshot.watermarks:
@@ -715,7 +699,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
     (0.07, SessionsWorkload.checkpoint_and_fork),
     (0.03, SessionsWorkload.close),
 )
-assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
+check_shares(_operations)
 
 
 register_workload("sessions", SessionsWorkload)

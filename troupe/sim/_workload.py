@@ -10,11 +10,12 @@ workload under its own name; ``troupe sim workloads`` lists them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from troupe.runtime import ActorKind, ActorSystem, Env, Tracer
+from troupe.storage import StorageError
 
 
 @dataclass
@@ -50,6 +51,40 @@ class Workload(Protocol):
     # Optional: ``services(world) -> list[ChildSpec]``, long-lived children the simulator adds
     # to the actor system's root supervisor in every lifetime.  Checkers may return
     # ``Violation``s (which name trace sequences) instead of strings.
+
+
+Chosen = TypeVar("Chosen")
+Snapshot = TypeVar("Snapshot")
+shares_tolerance = 1e-9
+"""How far a table's shares may sum from 1 (float rounding)."""
+
+
+def check_shares(table: Sequence[tuple[float, Any]]) -> None:
+    """Assert (at import, where the table is written) that a workload's operation shares sum to 1."""
+    assert abs(sum(share for share, _ in table) - 1.0) < shares_tolerance, "operation shares must sum to 1"
+
+
+def choose_by_share(roll: float, table: Sequence[tuple[float, Chosen]]) -> Chosen | None:
+    """The item of ``table`` (share, item) that ``roll``, uniform in [0, 1), falls on: each item
+    is chosen with its share's probability, from one random draw (so the simulator's draws stay
+    the same whatever the table holds).  None when rounding leaves the roll past the last share."""
+    for share, item in table:
+        if roll < share:
+            return item
+        roll -= share
+    return None
+
+
+async def read_checkpoint(world: World, reader: Callable[[Any], Snapshot],
+                          violate: Callable[[str], None]) -> Snapshot | None:
+    """``reader`` run in one read transaction of the current lifetime's engine, for a checker;
+    None, reported through ``violate``, when storage refuses the read (the engine is the
+    simulator's fault-injecting one: an unreadable database at a checkpoint is a finding)."""
+    try:
+        return await world.engine.read(reader)
+    except StorageError as error:
+        violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        return None
 
 
 _registry: dict[str, Callable[[], Workload]] = {}

@@ -5,6 +5,8 @@ resolving to one evidence per key, and a canonical hash that never trusts a clie
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from troupe.actors.knowledge import (
@@ -161,6 +163,26 @@ async def test_same_key_same_payload_replays_the_first_response_across_a_restart
     receipt = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
     assert receipt.state == receipt_state_completed and receipt.completed_at == base_time
     await engine.aclose()
+
+
+async def test_a_fresh_write_stores_the_receipt_a_take_and_completion_would(engine):
+    """``write_evidence`` writes a never-seen key's receipt once, COMPLETED
+    (``receipt_insert_completed``): the same row ``receipt_take`` + ``receipt_complete`` leave."""
+    fresh = await write(engine, conversation(), "evd_1", latency_ms=5)
+    other = {**conversation("另一句"), "idempotency_key": "two-step"}
+
+    def two_steps(connection):
+        taken = receipt_take(connection, receipt_namespace_write, "two-step", scope=scope,
+                             operation=operation_memory_write, request_hash=hash_of(other), now=base_time)
+        assert taken.action == "proceed"
+        return _receipts.receipt_complete(connection, receipt_namespace_write, "two-step",
+                                          fresh.response(), base_time, scope=scope)
+
+    text = await engine.write(two_steps)
+    assert text == fresh.response_json
+    one = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, key, scope=scope))
+    two = await engine.read(lambda c: receipt_get(c, receipt_namespace_write, "two-step", scope=scope))
+    assert dataclasses.replace(one, key="two-step", request_hash=two.request_hash) == two
 
 
 async def test_same_key_different_payload_is_an_idempotency_conflict(engine):

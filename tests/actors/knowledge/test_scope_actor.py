@@ -171,6 +171,29 @@ async def test_structuring_runs_after_the_reply_and_announces_memory_ready(syste
     assert structurer.structured == [written.evidence_id]
 
 
+async def test_the_structuring_reminder_is_a_crash_net_due_after_the_write(system, structurer):
+    """The write starts its structuring at once; its durable reminder is due
+    ``structuring_reminder_delay_seconds`` later (a reminder due at once fired into the running
+    task, one more turn and one more job per write), and the task's end cancels it."""
+    from troupe.actors.knowledge import structuring_reminder_delay_seconds
+
+    structurer.gate = trio.Event()
+    before = system.env.clock.wall()
+    await system.ref("knowledge_scope", scope).ask(turn())
+    after = system.env.clock.wall()
+    (due,) = await system.storage.read(lambda connection: connection.execute(
+        "SELECT due_wall FROM reminders WHERE kind = 'knowledge_scope' AND name = 'structuring'").fetchone())
+    assert before + structuring_reminder_delay_seconds <= due <= after + structuring_reminder_delay_seconds
+    structurer.gate.set()
+    await structured(system)
+    for _ in range(200):
+        if await count(system, "reminders", "kind = 'knowledge_scope'") == 0:
+            break
+        await trio.sleep(0.01)
+    assert await count(system, "reminders", "kind = 'knowledge_scope'") == 0
+    assert system.reminders.fired == 0
+
+
 async def test_one_evidence_per_key_across_a_crash_after_the_commit(system, faults):
     actor = system.ref("knowledge_scope", scope)
     faults.armed = True

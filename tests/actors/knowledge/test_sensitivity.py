@@ -93,3 +93,24 @@ def test_the_default_limits_at_and_over_their_boundary():
     assert detect(nested).sensitivity == 0
     with pytest.raises(SensitivityCheckFailed):
         detect([nested])
+
+
+@pytest.mark.parametrize(("text", "category"), [
+    ("wifi PASSWORD: hunterxx", "password"),
+    ("passcode=abcdef", "password"),
+    ("PWD 是 abcdef", "password"),
+    ("口令：abcdef", "password"),
+    ("私钥: abcdefghij", "secret_key"),
+    ("令牌 = abcdefghij", "secret_key"),
+    ("Access-Token is abcdefghijk", "secret_key"),
+    ("auth token: abcdefghijk", "secret_key"),
+    ("Secret Key: abcdefghijk", "secret_key"),
+    ("PRIVATE_KEY: abcdefghijk", "secret_key"),
+    ("ghp_" + "a" * 36, "secret_key"),
+    ("xoxb-abcdefghijkl", "secret_key"),
+    ("-----BEGIN PRIVATE KEY-----", "secret_key"),
+])
+def test_the_cue_prefilter_lets_every_rule_without_digits_through(text, category):
+    """``text_categories`` skips a text without any rule's cue: every digit-free form of a rule
+    must still be found (the number rules need digits, which are cues)."""
+    assert category in text_categories(text)

@@ -204,3 +204,75 @@ async def test_a_batch_is_structured_with_one_index_refresh_before_its_events(nu
     found = await bench.index.recall("王芳", scopes=frozenset({"user:alice"}), limit=5)
     assert ready[1].knowledge_id in [candidate.knowledge_id for candidate in found]
     assert await bench.rows("SELECT COUNT(*) FROM knowledge_structuring") == [(0,)]
+
+
+async def test_a_batch_of_turns_takes_one_read_and_one_write_job(nursery, tmp_path, monkeypatch):
+    """``structure_evidence_batch``: conversation turns share one read and one write job; other
+    sources, forgotten and already structured evidence take the one-by-one path, in order."""
+    from troupe.actors.knowledge import structure_evidence_batch
+
+    bench = await open_bench(nursery, tmp_path)
+    turns = [await bench.evidence({"user": f"第{number}次提到{name}", "assistant": "记住了"},
+                                  source_type="CONVERSATION") for number, name in enumerate(("张伟", "王芳", "李娜"))]
+    note = await bench.evidence(bill, source_type="OCR")
+    done = await bench.evidence({"user": "早就结构化了", "assistant": "好"}, source_type="CONVERSATION")
+    before = await structure_evidence(bench.engine, bench.index, bench.env, done)
+    forgotten = await bench.evidence({"user": "会被忘记", "assistant": "好"}, source_type="CONVERSATION")
+    await bench.engine.write(lambda c: c.execute("DELETE FROM knowledge_evidence WHERE id = ?", (forgotten,)))
+    writes, reads = [], []
+    engine_type = type(bench.engine)
+    write, read = engine_type.write, engine_type.read
+
+    async def counted_write(self, function):
+        writes.append(function.__qualname__)
+        return await write(self, function)
+
+    async def counted_read(self, function):
+        reads.append(function.__qualname__)
+        return await read(self, function)
+
+    monkeypatch.setattr(engine_type, "write", counted_write)
+    monkeypatch.setattr(engine_type, "read", counted_read)
+    ordered = [turns[0], note, turns[1], done, forgotten, turns[2]]
+    results = await structure_evidence_batch(bench.engine, bench.index, bench.env, ordered)
+    monkeypatch.undo()
+    assert [result.evidence_id for result in results] == ordered
+    assert all(result.created for result in (results[0], results[2], results[5]))
+    assert results[1].created and results[1].title == "2026年4月家庭支出清单"
+    assert results[3].already_structured and results[3].knowledge_id == before.knowledge_id
+    assert results[4].knowledge_id is None and results[4].events == ()
+    batched = [name for name in writes if name.startswith("structure_evidence_batch")]
+    assert len(batched) == 1  # the three turns: one job
+    assert reads[0].startswith("structure_evidence_batch")  # their situations: one read
+    assert await bench.rows("SELECT count(*) FROM knowledge_structuring") == [(0,)]
+    linked = await bench.rows("SELECT evidence_id, count(*) FROM knowledge_links GROUP BY evidence_id")
+    assert all(count == 1 for _, count in linked) and len(linked) == 5
+    hits = await bench.index.recall("王芳", scopes=frozenset({"user:alice"}), limit=5)
+    assert results[2].knowledge_id in [hit.knowledge_id for hit in hits]
+    # Run again: nothing new, nothing announced.
+    again = await structure_evidence_batch(bench.engine, bench.index, bench.env, ordered)
+    assert all(result.events == () for result in again)
+    assert await bench.rows("SELECT count(*) FROM knowledge_items") == [(5,)]
+
+
+async def test_a_turn_that_fails_in_a_batch_fails_alone(nursery, tmp_path, monkeypatch):
+    from troupe.actors.knowledge import _structuring, structure_evidence_batch
+
+    bench = await open_bench(nursery, tmp_path)
+    turns = [await bench.evidence({"user": f"第{number}句", "assistant": "好"}, source_type="CONVERSATION")
+             for number in range(3)]
+    real = _structuring.create_knowledge
+
+    def failing(connection, **options):
+        if options["evidence_id"] == turns[1]:
+            real(connection, **options)  # its rows are written, then rolled back with its savepoint
+            raise ValueError("title is too long")
+        return real(connection, **options)
+
+    monkeypatch.setattr(_structuring, "create_knowledge", failing)
+    results = await structure_evidence_batch(bench.engine, bench.index, bench.env, turns)
+    assert isinstance(results[1], ValueError)
+    assert results[0].created and results[2].created
+    assert await bench.rows("SELECT origin_evidence_id FROM knowledge_items ORDER BY origin_evidence_id") == [
+        (turns[0],), (turns[2],)]
+    assert await bench.rows("SELECT evidence_id FROM knowledge_structuring") == [(turns[1],)]

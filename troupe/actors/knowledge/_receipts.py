@@ -321,6 +321,24 @@ def receipt_complete(connection: apsw.Connection, namespace: str, key: str,
     return text
 
 
+def receipt_insert_completed(connection: apsw.Connection, namespace: str, key: str, *, scope: str,
+                             operation: str, request_hash: str, response: Mapping[str, Any],
+                             now: float) -> str:
+    """A fresh request's take and completion at once: one INSERT of the COMPLETED receipt.
+
+    Only for a key ``receipt_check`` found absent, inside the job that did the work: the take,
+    the work and the completion commit together anyway, so the IN_PROGRESS state in between
+    was never visible to anyone (``receipt_take`` + ``receipt_complete`` wrote and read the
+    row three times for the same end state).  Returns the stored response text."""
+    assert operation_namespaces.get(operation) == namespace, (operation, namespace)
+    text = response_json_text(response)
+    connection.execute(
+        "INSERT INTO knowledge_receipts (namespace, key, scope, operation, request_hash, state, "
+        "response_json, created_at, updated_at, completed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (namespace, key, scope, operation, request_hash, receipt_state_completed, text, now, now, now))
+    return text
+
+
 def receipt_fail(connection: apsw.Connection, namespace: str, key: str, *, scope: str,
                  operation: str, request_hash: str, error: str, now: float) -> Receipt | None:
     """Record that the request with this hash failed (in its own job, after the job that
@@ -436,6 +454,7 @@ __all__ = [
     "receipt_error_characters_max",
     "receipt_fail",
     "receipt_get",
+    "receipt_insert_completed",
     "receipt_key_text",
     "receipt_namespace_lifecycle",
     "receipt_namespace_update",

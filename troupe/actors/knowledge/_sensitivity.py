@@ -132,9 +132,19 @@ def _passes_luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
+_cue_pattern = re.compile(
+    r"(?i)[0-9]|pass|pwd|密码|口令|api|secret|token|private|密钥|私钥|令牌|sk-|akia|gh[pousr]_|xox")
+"""Something every rule above needs (a digit for the number rules, a keyword or token prefix for
+the others): a text without any is clean after one scan instead of seven.  A superset of the
+rules' cues, so it can only skip texts that no rule would flag (``test_sensitivity`` checks
+each rule's examples through it)."""
+
+
 def text_categories(text: str) -> set[str]:
     """The categories found in one piece of text."""
     found: set[str] = set()
+    if not _cue_pattern.search(text):
+        return found
     if _phone_pattern.search(text):
         found.add(category_phone_number)
     if any(_is_identity_number(match.group()) for match in _id_number_pattern.finditer(text)):

@@ -55,6 +55,7 @@ from ._receipts import (
     operation_memory_write,
     receipt_check,
     receipt_complete,
+    receipt_insert_completed,
     receipt_namespace_lifecycle,
     receipt_namespace_update,
     receipt_namespace_write,
@@ -542,8 +543,25 @@ def write_evidence(connection: apsw.Connection, draft: EvidenceDraft, *, evidenc
     """``/memory/write`` in one job: take the receipt (when the draft has a key), insert the
     evidence, queue its structuring, complete the receipt with the response.  A completed
     identical request replays its first response; other receipt states refuse."""
+    key = draft.idempotency_key
+    if key is not None:
+        assert request_hash is not None, "a request with an idempotency key needs its hash"
+        checked = receipt_check(connection, receipt_namespace_write, key, request_hash,
+                                scope=draft.scope)
+        if checked.action == decision_proceed and checked.receipt is None:
+            # The common case, a key never seen: the receipt is written once, COMPLETED.
+            evidence = insert_evidence(connection, draft, evidence_id=evidence_id, now=now,
+                                       structure=True)
+            text = receipt_insert_completed(
+                connection, receipt_namespace_write, key, scope=draft.scope,
+                operation=operation_memory_write, request_hash=request_hash,
+                response=write_response(evidence, latency_ms), now=now)
+            return WriteOutcome(response_json=text, evidence=evidence)
+        refused_or_replayed = _unless_proceeding(checked)
+        if refused_or_replayed is not None:
+            return refused_or_replayed
     decision = _take(connection, receipt_namespace_write, operation_memory_write,
-                     draft.idempotency_key, request_hash, draft.scope, now)
+                     key, request_hash, draft.scope, now)
     finished = _unless_proceeding(decision)
     if finished is not None:
         return finished

@@ -409,7 +409,8 @@ async def structure_evidence(
 
     Ids are made on the event loop before the write (the Env's id source is not for worker
     threads); the write re-checks the subject's version and plans again when another writer
-    moved it.
+    moved it.  Whenever it returns, the evidence's structuring task is finished (its queue row
+    deleted in the same write as the outcome, or found already gone).
     """
     for _ in range(structuring_plan_attempts_max):
         try:
@@ -498,6 +499,80 @@ async def _structure_once(
     return result
 
 
+structuring_batch_source_types = frozenset({"CONVERSATION"})
+"""Sources a batch structures together (one read and one write job for all of them): a turn
+always becomes its own item (no subject lookup, no merge, no conflict), so nothing in one
+turn's structuring depends on another's.  Every other source goes one by one
+(``structure_evidence``)."""
+
+
+def _batchable(situation: _Situation) -> bool:
+    evidence = situation.evidence
+    return (evidence is not None and situation.linked_knowledge_id is None and situation.task_pending
+            and evidence.knowledge_id is None and evidence.source_type in structuring_batch_source_types)
+
+
+async def structure_evidence_batch(
+    engine: Any, knowledge_index: Any, env: Any, evidence_ids: list[str]
+) -> list[StructuringResult | Exception]:
+    """``structure_evidence`` for several evidence rows, per evidence and in order: its result
+    or the exception that failed it alone.
+
+    Conversation turns still to structure share ONE read (their situations) and ONE write job
+    (each turn's ``create_knowledge`` in its own savepoint, so one that fails fails alone) —
+    instead of a read and a write job, each with its thread hop and its share of a commit, per
+    turn.  Every other evidence (another source, an update's, one structured or forgotten
+    meanwhile) takes the one-by-one path, which handles every case.  The index is refreshed
+    as ``structure_evidence`` does (through ``knowledge_index``, once for the batch's turns)."""
+    situations = await engine.read(
+        lambda connection: [_situation(connection, evidence_id) for evidence_id in evidence_ids])
+    batched: dict[str, tuple[Structure, str]] = {}
+    for evidence_id, situation in zip(evidence_ids, situations, strict=True):
+        if _batchable(situation) and evidence_id not in batched:
+            assert situation.evidence is not None
+            structure = await structure_with_model(env.model, situation.evidence.source_type, situation.evidence.raw)
+            batched[evidence_id] = (structure, env.ids.new_id("knw_"))
+    now = env.clock.wall()
+
+    def write(connection: apsw.Connection) -> dict[str, StructuringResult | Exception | None]:
+        results: dict[str, StructuringResult | Exception | None] = {}
+        for evidence_id, (structure, knowledge_id) in batched.items():
+            if knowledge_ids_for_evidence(connection, evidence_id):
+                results[evidence_id] = None  # structured meanwhile: the one-by-one path reports it
+                continue
+            connection.execute("SAVEPOINT structure_one")
+            try:
+                # It re-reads the evidence: forgotten meanwhile gives (None, False), nothing written.
+                item, created = create_knowledge(
+                    connection, knowledge_id=knowledge_id, evidence_id=evidence_id, title=structure.title,
+                    body=structure.body, entities=structure.entities, relations=_store_relations(structure),
+                    now=now)
+            except (ValueError, apsw.ConstraintError) as error:
+                connection.execute("ROLLBACK TO structure_one; RELEASE structure_one")
+                results[evidence_id] = error
+                continue
+            connection.execute("RELEASE structure_one")
+            results[evidence_id] = None if item is None or not created else StructuringResult(
+                evidence_id, item.id, item.version, item.title, item.scope, created=True, already_structured=False)
+        return results
+
+    written = await engine.write(write) if batched else {}
+    created = [result.knowledge_id for result in written.values()
+               if isinstance(result, StructuringResult) and result.knowledge_id is not None]
+    if created:
+        await knowledge_index.refresh(created)
+    outcomes: list[StructuringResult | Exception] = []
+    for evidence_id in evidence_ids:
+        result = written.get(evidence_id)
+        if result is None:
+            try:
+                result = await structure_evidence(engine, knowledge_index, env, evidence_id)
+            except Exception as error:
+                result = error
+        outcomes.append(result)
+    return outcomes
+
+
 async def _rebuild_updated(
     engine: Any, knowledge_index: Any, env: Any, evidence: Evidence, task_pending: bool
 ) -> StructuringResult:
@@ -506,6 +581,9 @@ async def _rebuild_updated(
     knowledge_id = evidence.knowledge_id
     assert knowledge_id is not None
     item = await engine.read(lambda connection: get_knowledge(connection, knowledge_id))
+    if item is None and task_pending:
+        # The item is gone (forgotten): nothing to rebuild, the task is finished all the same.
+        await engine.write(lambda connection: structuring_done(connection, evidence.id))
     if item is None or not task_pending:
         return await _recorded_outcome(engine, evidence.id, knowledge_id)
     raw = {"title": item.title, "body": item.body}
@@ -559,7 +637,9 @@ __all__ = [
     "merged_structure",
     "read_subject_item",
     "structure_evidence",
+    "structure_evidence_batch",
     "structure_with_model",
+    "structuring_batch_source_types",
     "structuring_model_timeout_seconds",
     "structuring_plan_attempts_max",
 ]

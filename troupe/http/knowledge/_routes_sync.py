@@ -50,6 +50,7 @@ from troupe.actors.knowledge.sync import (
     pairing_token_ttl_seconds_default,
     push_operations_max,
     records_valid,
+    seq_unbounded,
     sync_key,
     sync_kind_name,
     valid_knowledge_id,
@@ -263,9 +264,13 @@ def install_sync_routes(app: Any, ask: Callable[..., Any], register: Callable[[A
             raise _field_error("members", f"must be a list of at most {domain_records_max} records")
         if not isinstance(members_digest, str) or len(members_digest) > 64:
             raise _field_error("members_digest", "must be a SHA-256 hex digest")
+        until_seq = document.get("until_seq")
+        if until_seq is not None and (not isinstance(until_seq, int) or isinstance(until_seq, bool)
+                                      or not 0 <= until_seq <= seq_unbounded):
+            raise _field_error("until_seq", f"must be an integer from 0 to {seq_unbounded}")
         return _peer_answer(await inbound(ExchangeDigest(envelope=envelope, version_vector=vector,
                                                       operations=operations, members=members,
-                                                      members_digest=members_digest)))
+                                                      members_digest=members_digest, until_seq=until_seq)))
 
 
 __all__ = [

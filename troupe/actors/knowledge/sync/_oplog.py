@@ -513,11 +513,14 @@ def operations_missing(connection: apsw.Connection, theirs: Mapping[str, int], l
 
 def operations_missing_documents(connection: apsw.Connection, theirs: Mapping[str, int], *,
                                  operations_max: int, bytes_max: int, origins: Iterable[str] | None = None,
-                                 refused_origins: Iterable[str] = ()) -> tuple[list[bytes], bool]:
+                                 refused_origins: Iterable[str] = (), seq_max: int | None = None
+                                 ) -> tuple[list[bytes], bool]:
     """The stored documents (canonical JSON, sent as they are: no decoding and encoding again)
     of the operations a replica with version vector ``theirs`` misses: at most
     ``operations_max`` and ``bytes_max`` bytes, oldest counters first per origin; ``origins``
-    limits the origins (gossip sends only this device's own); ``more`` when others remain."""
+    limits the origins (gossip sends only this device's own); ``seq_max`` leaves out what
+    arrived after that arrival number (``operations_arrived``; compaction placeholders are
+    always in); ``more`` when others remain."""
     refused = set(refused_origins)
     chosen = None if origins is None else set(origins)
     found: list[bytes] = []
@@ -530,9 +533,11 @@ def operations_missing_documents(connection: apsw.Connection, theirs: Mapping[st
             continue
         for (document,) in connection.execute(
                 "SELECT document FROM (SELECT counter, document FROM sync_ops WHERE origin = ?1 AND counter > ?2 "
-                "UNION ALL SELECT counter, json_object('covered', json('true'), 'origin', origin, 'counter', counter, "
-                "'knowledge_id', knowledge_id, 'digest', digest) FROM sync_covered WHERE origin = ?1 AND counter > ?2) "
-                "ORDER BY counter LIMIT ?3", (origin, above, operations_max - len(found) + 1)):
+                "AND seq <= ?4 UNION ALL SELECT counter, json_object('covered', json('true'), 'origin', origin, "
+                "'counter', counter, 'knowledge_id', knowledge_id, 'digest', digest) FROM sync_covered "
+                "WHERE origin = ?1 AND counter > ?2) "
+                "ORDER BY counter LIMIT ?3", (origin, above, operations_max - len(found) + 1,
+                                              seq_unbounded if seq_max is None else seq_max)):
             encoded = document.encode()
             grown = size + len(encoded) + (1 if found else 0)  # the page is the documents joined by commas
             if len(found) >= operations_max or (found and grown > bytes_max):
@@ -540,6 +545,16 @@ def operations_missing_documents(connection: apsw.Connection, theirs: Mapping[st
             found.append(encoded)
             size = grown
     return found, False
+
+
+seq_unbounded = 2**63 - 1
+"""No bound on arrival numbers (SQLite's largest integer)."""
+
+
+def operations_arrived(connection: apsw.Connection) -> int:
+    """The arrival number (``sync_ops.seq``, never reused) of the last operation stored: an
+    anti-entropy exchange bounds what it sends by the value at its first page."""
+    return int(connection.execute("SELECT COALESCE(MAX(seq), 0) FROM sync_ops").fetchone()[0])
 
 
 def operations_pending(ours: Mapping[str, int], theirs: Mapping[str, int], origin: str) -> int:
@@ -673,6 +688,7 @@ __all__ = [
     "operation_evidence_max",
     "capture_items",
     "operations_missing",
+    "operations_arrived",
     "operations_missing_documents",
     "operations_pending",
     "operations_total",
@@ -694,6 +710,7 @@ __all__ = [
     "covered_total",
     "kind_covered_key",
     "setting_compaction_cursor",
+    "seq_unbounded",
     "store_covered",
     "load_items",
     "store_operation",

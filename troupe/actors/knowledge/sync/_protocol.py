@@ -386,6 +386,11 @@ class ExchangeDigest:
     the two sides' records differed."""
     members_digest: str = ""
     """The digest of the sender's records: the answer carries ours when it differs."""
+    until_seq: int | None = None
+    """``as_of`` of the answer to the exchange's first page: the answer carries only operations
+    that had arrived by then (an exchange repairs what was missing when it began; what arrived
+    since is gossip's to deliver, and relaying it too sent a busy stream twice).  None: no
+    bound (a first page, or an older peer)."""
 
 
 @dataclass(frozen=True)
@@ -402,10 +407,14 @@ class DigestAnswer:
     """This device's signed domain membership records (``_domain``), when the requester's
     digest of its records differed from ours."""
     members_digest: str = ""
+    as_of: int = 0
+    """The answerer's arrival number (``operations_arrived``) when it answered: the requester
+    sends it back as ``until_seq`` on the exchange's later pages."""
 
     def _head(self) -> dict[str, Any]:
         head: dict[str, Any] = {"version_vector": dict(self.version_vector), "more": self.more,
-                                "applied": self.applied, "members_digest": self.members_digest}
+                                "applied": self.applied, "members_digest": self.members_digest,
+                                "as_of": self.as_of}
         if self.members:
             head["members"] = [dict(record) for record in self.members]
         return head

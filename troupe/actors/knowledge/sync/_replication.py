@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import apsw
+import httpx
 
 from troupe.actors.knowledge._conflicts import detect_conflicts, normalised_subject, stored_value
 from troupe.actors.knowledge._protocol import ConflictDetected
@@ -60,6 +61,8 @@ from ._oplog import record_local
 
 peer_request_seconds_max = 10.0
 """One peer HTTP request, at most (connect, send, answer)."""
+peer_request_attempts_max = 2
+"""Sends of one peer request when the peer dropped a reused keep-alive connection."""
 header_device = "X-Troupe-Device"
 header_signed_at = "X-Troupe-Signed-At"
 header_signature = "X-Troupe-Signature"
@@ -100,11 +103,21 @@ async def post_to_peer(http: Any, identity: DeviceIdentity, address: str, path: 
         raise PeerUnreachable(None, "outbound HTTP is not configured")
     body = canonical_json(document) if body is None else body
     headers = signed_headers(identity, "POST", path, body, now)
-    try:
-        response = await http.post(address.rstrip("/") + path, content=body, headers=headers,
-                                   timeout=peer_request_seconds_max)
-    except Exception as exc:  # httpx's transport errors, the simulator's network faults
-        raise PeerUnreachable(None, type(exc).__name__) from exc
+    for attempt in range(peer_request_attempts_max):
+        try:
+            response = await http.post(address.rstrip("/") + path, content=body, headers=headers,
+                                       timeout=peer_request_seconds_max)
+            break
+        except httpx.RemoteProtocolError as exc:
+            # Mostly the peer closing a kept-alive connection as we reused it (its idle
+            # timeout), the request not taken: it goes once more on a new connection instead
+            # of a backoff of the peer.  Sending a peer request twice is harmless (operations
+            # and vectors are deduplicated; a join's nonce is single-use, so a join that was
+            # taken the first time fails the second, as it failed before this retry).
+            if attempt + 1 == peer_request_attempts_max:
+                raise PeerUnreachable(None, type(exc).__name__) from exc
+        except Exception as exc:  # httpx's transport errors, the simulator's network faults
+            raise PeerUnreachable(None, type(exc).__name__) from exc
     if not 200 <= response.status_code < 300:
         raise PeerUnreachable(response.status_code)
     try:
@@ -121,6 +134,9 @@ class Materialised:
     knowledge_id: str
     removed: bool
     conflicts: tuple[ConflictDetected, ...] = ()
+    created: bool = False
+    """The item was not in the store before (a first materialisation): the recall index has no
+    entry to replace, so refreshing it needs no forced re-index."""
 
 
 @dataclass
@@ -253,7 +269,8 @@ def _materialise(connection: apsw.Connection, operation: Operation, digest: str,
     evidence_ids = _insert_evidence_rows(connection, operation.scope, payload.get("evidence"), now, known)
     conflicts: tuple[ConflictDetected, ...] = ()
     body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    if knowledge_id not in known.items:
+    created = knowledge_id not in known.items
+    if created:
         subject = _subject_item(connection, operation.scope, title)
         origin_evidence = payload.get("origin_evidence_id")
         taken = connection.execute("SELECT 1 FROM knowledge_items WHERE origin_evidence_id = ?",
@@ -279,7 +296,7 @@ def _materialise(connection: apsw.Connection, operation: Operation, digest: str,
     replace_structure(connection, knowledge_id, structure.entities, list(structure.relations))
     record_local(connection, knowledge_id, operation.lamport, content_hash(title, body, status))
     _settled(connection, knowledge_id)
-    return Materialised(knowledge_id, removed=False, conflicts=conflicts)
+    return Materialised(knowledge_id, removed=False, conflicts=conflicts, created=created)
 
 
 def _settled(connection: apsw.Connection, knowledge_id: str) -> None:
@@ -314,6 +331,7 @@ __all__ = [
     "header_signed_at",
     "materialise",
     "materialise_many",
+    "peer_request_attempts_max",
     "peer_request_seconds_max",
     "operations_body",
     "post_to_peer",

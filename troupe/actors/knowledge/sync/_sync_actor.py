@@ -7,7 +7,10 @@ they govern; all of that is state owned by exactly one actor.  Heavy work does n
 turns: the engine's jobs run in the writer thread and the loop (``replicate``, a task beside
 the turns) does the network calls, so a slow peer never blocks ``/sync/status``.
 
-The loop, every ``gossip_interval_seconds`` while sync is enabled and a peer is paired:
+The loop, every ``gossip_interval_seconds`` while sync is enabled and a peer is paired (a
+round that pushed something is followed by the next at once, ``gossip_rounds_without_pause_max``
+times at most), with every peer at once (one peer's round trips wait on its writer, not on the
+other peers'):
 
 1. capture: drain the outbox into signed local operations (``_oplog.capture``), paused or not;
 2. unless paused (checked again right before every request: a pause answered during a round
@@ -34,8 +37,10 @@ origin must be trusted (this device, a peer, or a member of the domain by signed
 key, its scope must be ``shared:*`` and its size within ``operation_bytes_max``.  Accepted
 operations are stored once, folded into the CRDT (``store_operations``) and each item's final
 winner materialised (``_replication.materialise``) in ONE job per batch; the recall index is
-refreshed after the commit and ``conflict_detected`` is announced for first materialisations
-that met another item of the same subject.  After each anti-entropy round one bounded
+refreshed after the commit by a task beside the turns (in a bulk catch-up, once received
+batches pause: ``reindex_quiet_seconds``, at most ``reindex_delay_seconds_max``; removals at
+once) and ``conflict_detected`` is announced for first materialisations that met another item
+of the same subject.  After each anti-entropy round one bounded
 compaction batch runs (``_oplog.compact``).
 """
 
@@ -78,6 +83,7 @@ from ._oplog import (
     compact,
     item_sync_state,
     kind_covered_key,
+    operations_arrived,
     operations_missing_documents,
     operations_pending,
     outbox_size,
@@ -164,6 +170,7 @@ from ._protocol import (
     valid_pin,
 )
 from ._replication import (
+    Materialised,
     PeerUnreachable,
     materialise_many,
     operations_body,
@@ -182,6 +189,17 @@ turns, two devices syncing each other at once would wait for the 10 s peer timeo
 reindex_task_name = "reindex"
 reindex_batch_items_max = 512
 """Items one recall-index refresh takes (the rest follow in the next batch)."""
+reindex_quiet_seconds = 0.5
+"""In a bulk catch-up (``reindex_bulk_items_min`` upserts waiting or more), re-indexing waits
+for received batches to pause this long: embedding holds the GIL and the writer, so the store
+(the source of truth) converges first and recall catches up right after.  Fewer are indexed
+at once."""
+reindex_bulk_items_min = 256
+"""Upserts waiting for the index from which a catch-up counts as bulk (see above)."""
+reindex_delay_seconds_max = 5.0
+"""An upsert waits at most this long for its index entry, however long the stream of batches
+lasts (removals of forgotten items never wait)."""
+assert 0 < reindex_quiet_seconds <= reindex_delay_seconds_max
 anti_entropy_reminder_name = "anti_entropy"
 peer_join_path = "/sync/peer/join"
 peer_ops_path = "/sync/peer/ops"
@@ -189,6 +207,9 @@ peer_digest_path = "/sync/peer/digest"
 anti_entropy_pages_max = 64
 """Pages (of ``push_operations_max``) one anti-entropy exchange moves each way, at most."""
 gossip_batches_per_round_max = 64
+gossip_rounds_without_pause_max = 8
+"""Rounds that pushed something may follow each other without the gossip interval between
+them, this many at most; then the loop waits the interval (busy devices still yield)."""
 sync_mailbox_messages_max = 1_024
 nonce_bytes = 16
 assert anti_entropy_pages_max >= 1 and gossip_batches_per_round_max >= 1
@@ -242,11 +263,13 @@ def advertised_vector(connection: Any, revoked: Iterable[str] | None = None) -> 
 class RecallIndexSync:
     """The default index port: the engine's ``KnowledgeIndex``, re-indexing what changed."""
 
-    async def refresh(self, context: ActorContext, knowledge_ids: Sequence[str]) -> None:
+    async def refresh(self, context: ActorContext, knowledge_ids: Sequence[str], *, reindex: bool = True) -> None:
+        """``reindex=False`` for items materialised for the first time: nothing indexed to
+        replace (an item already indexed at its version is then not embedded twice)."""
         from troupe.actors.knowledge._query import knowledge_indexes
 
         index = await knowledge_indexes.open(context.storage, getattr(context.env, "embedder", None))
-        await index.refresh(knowledge_ids, reindex=True)
+        await index.refresh(knowledge_ids, reindex=reindex)
 
 
 def _vector(value: Any) -> dict[str, int]:
@@ -276,6 +299,17 @@ def _placeholder_valid(document: Mapping[str, Any], keys: Mapping[str, str], own
     return (isinstance(origin, str) and origin in keys and origin != own and isinstance(counter, int)
             and not isinstance(counter, bool) and counter >= 1 and isinstance(knowledge_id, str)
             and valid_knowledge_id(knowledge_id) and isinstance(digest, str) and len(digest) == digest_characters)
+
+
+@dataclass
+class _Exchange:
+    """One peer's part of a round (the peers are reached concurrently)."""
+
+    peer: Peer
+    pushed: int = 0
+    pulled: int = 0
+    reached: bool = False
+    stopped: bool = False
 
 
 class _SendingStopped(Exception):
@@ -312,7 +346,13 @@ class SyncActor(Actor):
         self.paused = False
         self.anti_entropy_due = True
         self.last_anti_entropy = -math.inf
-        self.reindex_pending: set[str] = set()
+        self.reindex_pending: dict[str, bool] = {}
+        """Materialised upserts waiting for the recall index → whether the item existed before
+        (its entry must be re-made even at the same version: a concurrent winner)."""
+        self.reindex_removed: set[str] = set()
+        self.reindex_queued_at = math.inf
+        self.last_received_at = -math.inf
+        self.reindex_wakeup = trio.Event()
         self.round_lock = trio.Lock()
         self.inbound = context.key == inbound_key
 
@@ -662,7 +702,7 @@ class SyncActor(Actor):
 
         default = self.settings.enabled_default
 
-        def read(connection: Any) -> tuple[dict[str, int], list[bytes], bool, list[dict[str, Any]], str] | None:
+        def read(connection: Any) -> tuple[dict[str, int], list[bytes], bool, list[dict[str, Any]], str, int] | None:
             # The switch and the operations of one snapshot: an edit made after a pause was
             # answered is never in the answer of a request that was already being handled.
             if not _switches_open(connection, default):
@@ -670,17 +710,17 @@ class SyncActor(Actor):
             revoked = domain_trust(connection, identity).revoked
             missing, more = operations_missing_documents(
                 connection, theirs, operations_max=push_operations_max, bytes_max=push_body_bytes_max,
-                refused_origins=[sender.device_id, *revoked])
+                refused_origins=[sender.device_id, *revoked], seq_max=request.until_seq)
             digest = domain_records_digest(connection)
             members = domain_records(connection) if request.members_digest and digest != request.members_digest else []
-            return advertised_vector(connection, revoked), missing, more, members, digest
+            return advertised_vector(connection, revoked), missing, more, members, digest, operations_arrived(connection)
 
         found = await self.context.storage.read(read)
         if found is None:
             return SyncPaused()
-        ours, missing, more, members, digest = found
+        ours, missing, more, members, digest, arrived = found
         await self._record_known(sender, theirs)
-        return DigestAnswer(ours, tuple(missing), more, applied, tuple(members), digest)
+        return DigestAnswer(ours, tuple(missing), more, applied, tuple(members), digest, arrived)
 
     async def _apply_by_inbound(self, documents: tuple[Any, ...], sender: str) -> int:
         try:
@@ -784,10 +824,10 @@ class SyncActor(Actor):
             return 0, duplicates, refused
         now, default = self.context.env.clock.wall(), self.settings.enabled_default
 
-        def job(connection: Any) -> tuple[int, list[str], list[Any]] | None:
+        def job(connection: Any) -> tuple[int, list[Materialised], list[Any]] | None:
             if not _switches_open(connection, default):
                 return None  # paused or disabled since the request came in: nothing is accepted
-            changed: list[str] = []
+            changed: list[Materialised] = []
             events: list[Any] = []
             placed = store_covered(connection, placeholders) if placeholders else 0
             if not operations:
@@ -796,15 +836,17 @@ class SyncActor(Actor):
             batch = store_operations(connection, operations, now)
             for shown in materialise_many(connection, [(state.winner, state.winner_digest) for state in batch.changed],
                                           now):
-                changed.append(shown.knowledge_id)
+                changed.append(shown)
                 events.extend(shown.conflicts)
             setting_add(connection, setting_total_ops_synced, batch.applied)
             return batch.applied + placed, changed, events
 
+        self.last_received_at = self.context.env.clock.monotonic()
         stored = await self.context.storage.write(job)
         if stored is None:
             return None
         applied, changed, events = stored
+        self.last_received_at = self.context.env.clock.monotonic()
         self._reindex(changed)
         for event in events:
             publish_event(self.context.system, event)
@@ -812,28 +854,66 @@ class SyncActor(Actor):
 
     # -- the recall index ------------------------------------------------------------------
 
-    def _reindex(self, knowledge_ids: Sequence[str]) -> None:
+    def _reindex(self, shown: Sequence[Materialised]) -> None:
         """Queue materialised items for the recall index; a task beside the turns drains the
         queue in batches, so replication does not wait on embedding (the store, the source of
-        truth, is already committed; reconciliation at start-up repairs a lost queue)."""
-        self.reindex_pending.update(knowledge_ids)
-        if self.reindex_pending and not self.context.task_running(reindex_task_name):
+        truth, is already committed; reconciliation at start-up repairs a lost queue).
+        Removals go at once; in a bulk catch-up, upserts wait for a pause in received batches
+        (``reindex_quiet_seconds``), at most ``reindex_delay_seconds_max``."""
+        for item in shown:
+            if item.removed:
+                self.reindex_removed.add(item.knowledge_id)
+                self.reindex_pending.pop(item.knowledge_id, None)
+                self.reindex_wakeup.set()
+            else:
+                self.reindex_removed.discard(item.knowledge_id)
+                self.reindex_pending[item.knowledge_id] = (self.reindex_pending.get(item.knowledge_id, False)
+                                                           or not item.created)
+        if self.reindex_pending and self.reindex_queued_at == math.inf:
+            self.reindex_queued_at = self.context.env.clock.monotonic()
+        if (self.reindex_pending or self.reindex_removed) and not self.context.task_running(reindex_task_name):
             self.context.start_task(reindex_task_name, self._drain_reindex)
+
+    def _reindex_wait_seconds(self) -> float:
+        if len(self.reindex_pending) < reindex_bulk_items_min:
+            return 0.0
+        now = self.context.env.clock.monotonic()
+        return max(0.0, min(self.last_received_at + reindex_quiet_seconds - now,
+                            self.reindex_queued_at + reindex_delay_seconds_max - now))
 
     async def _drain_reindex(self) -> int:
         done = 0
-        while self.reindex_pending:
+        while self.reindex_pending or self.reindex_removed:
+            if self.reindex_removed:
+                removed = sorted(self.reindex_removed)[:reindex_batch_items_max]
+                self.reindex_removed.difference_update(removed)
+                done += await self._refresh_index(removed, reindex=False)
+                continue
+            wait = self._reindex_wait_seconds()
+            if wait > 0:
+                self.reindex_wakeup = trio.Event()
+                with trio.move_on_after(wait):
+                    await self.reindex_wakeup.wait()  # a removal does not wait for the pause
+                continue
             batch = sorted(self.reindex_pending)[:reindex_batch_items_max]
-            self.reindex_pending.difference_update(batch)
-            try:
-                await self.index.refresh(self.context, batch)
-            except Exception as error:  # the store stands; reconciliation at start-up repairs the index
-                logger.warning("refreshing the index after sync failed: %s", type(error).__name__)
-            done += len(batch)
+            existed = [knowledge_id for knowledge_id in batch if self.reindex_pending.pop(knowledge_id)]
+            created = sorted(set(batch).difference(existed))
+            if not self.reindex_pending:
+                self.reindex_queued_at = math.inf  # else the rest are past their wait already
+            done += await self._refresh_index(created, reindex=False) if created else 0
+            done += await self._refresh_index(existed, reindex=True) if existed else 0
         return done
 
+    async def _refresh_index(self, knowledge_ids: list[str], *, reindex: bool) -> int:
+        try:
+            await self.index.refresh(self.context, knowledge_ids, reindex=reindex)
+        except Exception as error:  # the store stands; reconciliation at start-up repairs the index
+            logger.warning("refreshing the index after sync failed: %s", type(error).__name__)
+        return len(knowledge_ids)
+
     async def index_settled(self) -> bool:
-        return not self.reindex_pending and not self.context.task_running(reindex_task_name)
+        return not self.reindex_pending and not self.reindex_removed \
+            and not self.context.task_running(reindex_task_name)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -850,8 +930,16 @@ class SyncActor(Actor):
                 return total  # outbox rows that made no operation were drained; the rest next round
 
     async def _replicate(self) -> None:
+        rounds_without_pause = 0
         while True:
-            await self._round(self.anti_entropy_due)
+            done = await self._round(self.anti_entropy_due)
+            # A round that pushed something goes again at once (what was captured while it
+            # waited on peers need not wait another interval), a bounded number of times.
+            if done.pushed and rounds_without_pause < gossip_rounds_without_pause_max:
+                rounds_without_pause += 1
+                await trio.sleep(0)
+                continue
+            rounds_without_pause = 0
             await trio.sleep(self.settings.gossip_interval_seconds)
 
     async def _run_round(self, request: RunSyncRound) -> SyncRoundDone:
@@ -869,24 +957,18 @@ class SyncActor(Actor):
         env = self.context.env
         now = env.clock.wall()
         due = anti_entropy or now - self.last_anti_entropy >= self.settings.anti_entropy_interval_seconds
-        pushed = pulled = reached = 0
-        for peer in await self._peers():
-            if peer.retry_at > now and not forced:
-                continue
-            try:
-                pushed += await self._gossip(peer)
-                if due:
-                    pulled += await self._anti_entropy(peer)
-            except _SendingStopped:
-                # Paused or disabled midway: no later send; anti-entropy stays due for the resume.
-                return SyncRoundDone(captured, pushed, pulled, reached)
-            except PeerUnreachable as error:
-                logger.info("the sync peer %s was not reached: %s", peer.device_id, error)
-                await self._missed(peer)
-                continue
-            reached += 1
-            if not peer.online:
-                self._announce_event("PEER_ONLINE", peer.device_id, peer.device_name)
+        exchanges = [_Exchange(peer) for peer in await self._peers() if forced or peer.retry_at <= now]
+        # Every peer at once: each one's requests wait on its own writer, so while one applies
+        # a page the next page (for another peer) is already on its way; one at a time, a
+        # device's pushes were a queue of round trips with the other writers idle.
+        async with trio.open_nursery() as nursery:
+            for exchange in exchanges:
+                nursery.start_soon(self._exchange, exchange, due)
+        pushed, pulled = sum(item.pushed for item in exchanges), sum(item.pulled for item in exchanges)
+        reached = sum(1 for item in exchanges if item.reached)
+        if any(item.stopped for item in exchanges):
+            # Paused or disabled midway: no later send; anti-entropy stays due for the resume.
+            return SyncRoundDone(captured, pushed, pulled, reached)
         if due:
             self.anti_entropy_due = False
             self.last_anti_entropy = now
@@ -901,6 +983,25 @@ class SyncActor(Actor):
             identity = self._identity()
             self._announce_event("ANTI_ENTROPY_DONE", identity.device_id, identity.device_name)
         return SyncRoundDone(captured, pushed, pulled, reached)
+
+    async def _exchange(self, exchange: _Exchange, anti_entropy: bool) -> None:
+        """Gossip (and anti-entropy when due) with one peer; what happened is left in
+        ``exchange`` (a failure of one peer never cancels the others' exchanges)."""
+        peer = exchange.peer
+        try:
+            exchange.pushed = await self._gossip(peer)
+            if anti_entropy:
+                exchange.pulled = await self._anti_entropy(peer)
+        except _SendingStopped:
+            exchange.stopped = True
+            return
+        except PeerUnreachable as error:
+            logger.info("the sync peer %s was not reached: %s", peer.device_id, error)
+            await self._missed(peer)
+            return
+        exchange.reached = True
+        if not peer.online:
+            self._announce_event("PEER_ONLINE", peer.device_id, peer.device_name)
 
     def _check_sending(self) -> None:
         """Called right before every request that carries operations or vectors, with no await
@@ -960,25 +1061,34 @@ class SyncActor(Actor):
         peer (a few hundred bytes), never a resend of what it holds."""
         identity, env = self._identity(), self.context.env
         known, pulled, more, records_wanted = dict(peer.known), 0, True, False
+        # Both directions are bounded by what had arrived on each side at the first page: an
+        # exchange repairs what was missing when it began.  What arrives later is gossip's to
+        # deliver (its origin pushes it); chasing it here relayed a busy stream a second time.
+        ours_first: int | None = None
+        theirs_first: int | None = None
         for page in range(anti_entropy_pages_max):
 
-            def read(connection: Any, known: dict[str, int] = known, records_wanted: bool = records_wanted
-                     ) -> tuple[dict[str, int], list[bytes], str, list[dict[str, Any]]]:
+            def read(connection: Any, known: dict[str, int] = known, records_wanted: bool = records_wanted,
+                     seq_max: int | None = ours_first
+                     ) -> tuple[dict[str, int], list[bytes], str, list[dict[str, Any]], int]:
                 revoked = domain_trust(connection, identity).revoked
                 documents, _ = operations_missing_documents(
                     connection, known, operations_max=push_operations_max, bytes_max=push_body_bytes_max,
-                    refused_origins=[peer.device_id, *revoked])
+                    refused_origins=[peer.device_id, *revoked], seq_max=seq_max)
                 return (advertised_vector(connection, revoked), documents, domain_records_digest(connection),
-                        domain_records(connection) if records_wanted else [])
+                        domain_records(connection) if records_wanted else [], operations_arrived(connection))
 
-            ours, outgoing, digest, members = await self.context.storage.read(read)
+            ours, outgoing, digest, members, arrived = await self.context.storage.read(read)
             if page == 0:
                 outgoing = []  # what it last told us may be stale: vectors first, then exactly what it misses
+                ours_first = arrived
             elif not more and not outgoing and not records_wanted:
                 break
             # Records travel only when the two sides' digests differ: first ours goes out, the
             # answer carries its records if they differ, and ours follow on the next page.
             fields: dict[str, Any] = {"version_vector": ours, "members_digest": digest}
+            if theirs_first is not None:
+                fields["until_seq"] = theirs_first
             if records_wanted:
                 fields["members"], records_wanted = members, False
             self._check_sending()
@@ -997,6 +1107,9 @@ class SyncActor(Actor):
                 # delivered meanwhile are dropped by the vector check, not verified twice.
                 pulled += await self._apply_by_inbound(tuple(documents), peer.device_id)
             known = _vector(answer.get("version_vector"))
+            as_of = answer.get("as_of")
+            if page == 0 and isinstance(as_of, int) and not isinstance(as_of, bool) and as_of >= 0:
+                theirs_first = as_of  # an older peer sends none: its answers stay unbounded
             more = bool(answer.get("more"))
             await self._reached(peer, known, len(outgoing))
         return pulled
@@ -1060,11 +1173,15 @@ __all__ = [
     "anti_entropy_pages_max",
     "anti_entropy_reminder_name",
     "gossip_batches_per_round_max",
+    "gossip_rounds_without_pause_max",
     "inbound_key",
     "peer_digest_path",
     "peer_join_path",
     "peer_ops_path",
     "reindex_batch_items_max",
+    "reindex_bulk_items_min",
+    "reindex_delay_seconds_max",
+    "reindex_quiet_seconds",
     "reindex_task_name",
     "replicate_task_name",
     "revoked_counter_advertised",
