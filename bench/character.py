@@ -34,9 +34,15 @@ would be measured otherwise):
    meanwhile answer 503, counted, and ``index_build_max_turn_ms`` is their longest turn),
    then ``--query-requests`` text
    queries over HTTP from ``--query-connections`` connections: p50/p99 as the client saw them,
-   and the server's own ``elapsed_ms`` (the recall inside the actor turn) p50/p99, so HTTP and
-   actor overhead can be told from recall time.  Smaller extra figures: the same queries with
-   a ``time`` window (hybrid recall filtered to a month) and time-only recall.
+   and the server's own ``elapsed_ms`` (the recall, which the route runs outside the actor's
+   turn on a ``RecallLease``) p50/p99, so HTTP and actor overhead can be told from recall
+   time.  ``query_concurrency`` says whether the queries ran side by side: the server's CPU
+   share (every thread; 2.0 is two cores busy) and the trio loop's, and the leases' figures
+   (``reading_max``: most recalls in flight at once, ``in_flight_mean``: the time-weighted
+   mean over the phase, ``busy``/``revoked``: 503s).  ``--query-in-turn`` runs the recall
+   inside the actor's turn instead, as before leases (one query of a character at a time), to
+   compare in one run.  Smaller extra figures: the same queries with a ``time`` window (hybrid
+   recall filtered to a month) and time-only recall.
 
 "Embedding excluded": with the hashed embedder the query's embedding is a few tens of
 microseconds of CPU and is included in the figures; ``--embedder none`` excludes it entirely.
@@ -45,7 +51,8 @@ Targets (issue 9): >= 1,000 ``/cache`` turns/s; ``/query_memory`` p99 <= 20 ms a
 
 Usage: python bench/character.py [--characters 100] [--connections 32] [--seconds 10]
        [--facts 100000] [--fact-characters 1] [--query-requests 400] [--query-connections 4]
-       [--phase all|cache|query] [--embedder hashed|none] [--job-times] [--switch-interval S]
+       [--phase all|cache|query] [--query-in-turn] [--embedder hashed|none] [--job-times]
+       [--switch-interval S]
        [--profile cache|query|query_time|time_only|in_process]
 """
 
@@ -547,9 +554,27 @@ async def query_phase(arguments: argparse.Namespace, env: Any, engine: Any, syst
     common = {"mode": "query", "port": port, "names": names, "seconds": None,
               "connections": arguments.query_connections}
     await run_client({**common, "requests": 20})  # warm caches
+    from troupe.actors.character import character_recall_indexes
+
+    leases = character_recall_indexes.leases_for(engine)
+    before = leases.statistics()
     with profiled(arguments, "query"), PhaseMeter(engine) as meter:
+        loop_began = time.thread_time()
         query = await run_client({**common, "requests": arguments.query_requests})
+        loop_cpu = time.thread_time() - loop_began
+    after = leases.statistics()
     figures["query_server"] = meter.figures
+    figures["query_concurrency"] = {
+        "recall": "in_turn" if arguments.query_in_turn else "leased",
+        "connections": arguments.query_connections,
+        "server_cpu_share": meter.figures["server_cpu_share"],
+        "loop_cpu_share": round(loop_cpu / meter.wall_seconds, 2),
+        "leased": after.leased - before.leased,
+        "reading_max": after.reading_max,
+        "in_flight_mean": round((after.reading_seconds - before.reading_seconds) / meter.wall_seconds, 2),
+        "busy": after.busy - before.busy,
+        "revoked": after.revoked - before.revoked,
+    }
     figures["query_server"]["cpu_ms_per_query"] = round(meter.cpu_seconds / max(1, query["answered_total"]) * 1000, 2)
     figures["query_requests"] = query["requests"]
     figures["query_errors"] = query["error_count"]
@@ -569,7 +594,21 @@ async def query_phase(arguments: argparse.Namespace, env: Any, engine: Any, syst
         figures["in_process"] = await in_process_recall(system, names[0], arguments.query_requests)
 
 
+def recall_in_turn() -> None:
+    """``--query-in-turn``: the route asks without a lease, so the recall runs inside the
+    character's turn (the behaviour before leases), for a before/after comparison."""
+    import troupe.http.character._app as character_app
+    from troupe.actors.character import QueryMemory
+
+    def in_turn(*, query: Any = None, time: Any = None, leased: bool = False) -> Any:
+        return QueryMemory(query=query, time=time)
+
+    character_app.QueryMemory = in_turn  # type: ignore[assignment]
+
+
 async def main(arguments: argparse.Namespace) -> dict[str, Any]:
+    if arguments.query_in_turn:
+        recall_in_turn()
     figures: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
         "load_average_at_start": [round(value, 2) for value in os.getloadavg()],
@@ -623,6 +662,8 @@ if __name__ == "__main__":
     parser.add_argument("--query-requests", type=int, default=400)
     parser.add_argument("--query-connections", type=int, default=4)
     parser.add_argument("--phase", choices=["all", "cache", "query", "cache_in_process"], default="all")
+    parser.add_argument("--query-in-turn", action="store_true",
+                        help="run each recall inside the actor's turn (before leases), to compare")
     parser.add_argument("--in-process-turns", type=int, default=None,
                         help=f"cache_in_process: turns per asker (default {in_process_turns_per_asker})")
     parser.add_argument("--outbox-batch-seconds", type=float, default=None,

@@ -18,6 +18,10 @@ conversation in turn, the weight set with the best recall@10 on the other conver
 measured on the held-out one.  The expansions are ablated the same way: each is switched on
 only within its own grid dimension, and the report gives held-out recall per category with
 the expansion allowed and with it forced off.
+
+``--common-terms-items-min N`` (bench only) lowers, in this process, the store size from which
+``common_term_share_max`` prunes common terms (the library's is 10 000; a conversation holds
+a few hundred turns): how the pruning was checked not to move the folds.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from troupe.retrieval import (  # noqa: E402
     fuse_candidates,
     retrieval_migrations,
 )
+from troupe.retrieval import _memory_index as memory_index_module  # noqa: E402
 from troupe.retrieval._expansion import neighbour_list  # noqa: E402
 from troupe.runtime._real_env import real_env  # noqa: E402
 from troupe.storage import Engine  # noqa: E402
@@ -267,6 +272,7 @@ async def run(arguments) -> dict:
         "data": Path(arguments.data).name,
         "embedder": getattr(embedder, "fingerprint", None),
         "settings": json.loads(arguments.settings),
+        "common_terms_items_min": memory_index_module.common_term_pruning_items_min,
         "context_turns": arguments.context,
         "conversations": len(data),
         **summarise(ours, ks),
@@ -515,6 +521,7 @@ async def run_folds(arguments) -> dict:
         "data": Path(arguments.data).name,
         "embedder": getattr(embedder, "fingerprint", None),
         "settings": json.loads(arguments.settings),
+        "common_terms_items_min": memory_index_module.common_term_pruning_items_min,
         "context_turns": arguments.context,
         "conversations": len(data),
         "gather_seconds": round(gathered, 1),
@@ -535,9 +542,14 @@ def main() -> None:
     parser.add_argument("--lists-cache", default=None, metavar="FILE.pickle",
                         help="bench only, with --folds: keep the gathered candidate lists between runs "
                              "(delete it when the index, tokenizer or embedder changes)")
+    parser.add_argument("--common-terms-items-min", type=int, default=None, metavar="N",
+                        help="bench only: prune common terms (with settings' common_term_share_max) "
+                             "from N items (library: 10 000)")
     parser.add_argument("--folds", action="store_true",
                         help="cross-validate fusion weights and expansions over the conversations")
     arguments = parser.parse_args()
+    if arguments.common_terms_items_min is not None:
+        memory_index_module.common_term_pruning_items_min = arguments.common_terms_items_min
     print(json.dumps(trio.run(run_folds if arguments.folds else run, arguments), ensure_ascii=False))
 
 

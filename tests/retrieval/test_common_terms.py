@@ -13,7 +13,8 @@ from troupe.retrieval import _memory_index as memory_index_module
 
 base = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 foods = ["拉面", "火锅", "咖啡", "披萨"]
-pruning = RecallSettings(common_term_share_max=0.5)
+pruning = RecallSettings(common_term_share_max=0.5)  # the default
+unpruned = RecallSettings(common_term_share_max=None)
 
 
 def facts(count: int, first: int = 0) -> list[MemoryItem]:
@@ -43,7 +44,7 @@ def small_minimum(monkeypatch):
 async def test_a_common_term_leaves_and_the_ranking_stays(engine, small_minimum):
     index = await MemoryIndex.open(engine)
     await index.add(facts(60))
-    full = await keys(index, "主人喜欢寿司")
+    full = await keys(index, "主人喜欢寿司", unpruned)
     pruned = await keys(index, "主人喜欢寿司", pruning)
     # 主人 (all 60) and 喜欢 (all 60) leave; 寿司 decides, ranked exactly as before.
     sushi = [entry for entry in full if int(entry[0].split("-")[1]) % 10 == 0]
@@ -55,11 +56,11 @@ async def test_a_common_term_leaves_and_the_ranking_stays(engine, small_minimum)
 async def test_nothing_is_pruned_below_the_minimum_by_default_or_when_all_terms_are_common(engine, small_minimum):
     index = await MemoryIndex.open(engine)
     await index.add(facts(19))  # one below the minimum
-    assert await keys(index, "主人喜欢寿司", pruning) == await keys(index, "主人喜欢寿司")
+    assert await keys(index, "主人喜欢寿司", pruning) == await keys(index, "主人喜欢寿司", unpruned)
     assert len(await keys(index, "主人喜欢寿司", pruning)) == 19
     await index.add(facts(1, first=19))  # at the minimum
     assert len(await keys(index, "主人喜欢寿司", pruning)) == 2
-    assert len(await keys(index, "主人喜欢寿司")) == 20  # the default settings never prune
+    assert len(await keys(index, "主人喜欢寿司", unpruned)) == 20  # None never prunes
     # The other terms match nothing (人喜), or every term is common: bm25 would weigh all
     # matches ~zero, so the newest matches stand in, unscored.
     for query in ("主人喜欢", "主人 喜欢"):
@@ -94,4 +95,4 @@ def test_the_share_is_checked():
         RecallSettings(common_term_share_max=0.0)
     with pytest.raises(AssertionError):
         RecallSettings(common_term_share_max=1.5)
-    assert RecallSettings().common_term_share_max is None
+    assert RecallSettings().common_term_share_max == 0.5

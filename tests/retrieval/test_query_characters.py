@@ -8,7 +8,7 @@ import datetime
 
 import pytest
 
-from troupe.retrieval import MemoryIndex, MemoryItem, RecallFilter, _store
+from troupe.retrieval import MemoryIndex, MemoryItem, RecallFilter, RecallSettings, _store
 from troupe.retrieval import _memory_index as memory_index_module
 from troupe.retrieval._query import text_query
 from troupe.retrieval._tokenizer import query_numbers, query_word_characters
@@ -49,7 +49,9 @@ def expressions(monkeypatch):
 async def searched(index: MemoryIndex, seen: list[str], query: str) -> str:
     seen.clear()
     index._term_counts.clear()  # counts are cached across writes; recount for the test
-    await index.recall(query, recall_filter=RecallFilter(tenant), limit=5)
+    # Common terms stay in: these tests are about the query characters' own pruning rule.
+    await index.recall(query, recall_filter=RecallFilter(tenant), limit=5,
+                       settings=RecallSettings(common_term_share_max=None))
     assert len(seen) == 1  # one text scan per recall
     return seen[0]
 

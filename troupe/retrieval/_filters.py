@@ -128,6 +128,13 @@ class FacetBitmaps:
         known = ~numpy.isnan(starts)
         keys, starts, ends = keys[known], starts[known], ends[known]
         distance = numpy.maximum(numpy.maximum(starts - end, start - ends), 0.0)
+        if len(keys) > limit:
+            # Only items as near as the ``limit``-th nearest can be in the answer (ties
+            # included, so the tie-breaks below see every candidate): a linear partition
+            # instead of sorting every allowed item.
+            nearest = numpy.partition(distance, limit - 1)[limit - 1]
+            near = distance <= nearest
+            keys, starts, distance = keys[near], starts[near], distance[near]
         order = numpy.lexsort((-keys, -starts, distance))[:limit]
         return [(int(keys[i]), float(distance[i])) for i in order]
 

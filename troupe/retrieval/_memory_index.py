@@ -31,19 +31,33 @@ reuses the text list when no allowed item has a context (both then rank every ma
 so a recall over a store without contexts scores its matches once, not twice.  The graph
 search runs inside the same storage read, off the event loop.
 
-Common terms (opt-in, ``RecallSettings.common_term_share_max``; the character surface uses
-0.5): a term that most items contain costs a scan of most of the text index and weighs
+Common terms (``RecallSettings.common_term_share_max``, 0.5 by default; ``None`` turns it off): a term that most items contain costs a scan of most of the text index and weighs
 nothing, since FTS5's bm25 clamps the idf of a term in half the items or more to 1e-6.  In
 one character's 100k facts "主人" is such a term: it made every Chinese query score 80k
-matches (~30 ms).  When the store holds at least ``common_term_pruning_items_min`` items
-and the query has other terms, terms in more than that share of the items are left out of
-the text lists.  Rankings among items that match another term stay as they were; what is
+matches (~30 ms).  When the query has other terms, terms in more than that share of the
+items are left out of the text lists, at every store size (``common_term_pruning_items_min``
+is 0: in a small store such a term put every item in the text list on a zero weight, and
+those near-ties outranked the vectors' answer; ``bench/recall_chinese.py``, 用户平时看书吗).  Rankings among items that match another term stay as they were; what is
 lost is the tail of items matching only the common terms, which bm25 ranked after them
 anyway.  When no other term matches anything, the text list is the newest items of the whole
 query instead (read in rowid order, no scoring): bm25 would have ordered them by length
 noise around a zero weight.
 Term counts come from the text index (counting stops at the limit) and are cached per term
 until about 1% of the items changed.
+
+Common queries (``RecallSettings.common_query_scored_rows``, on by default; approximate):
+FTS5 ranks with ``bm25()`` every row that matches before its ``LIMIT``, about 0.4 µs a row, and
+in a large store a common term matches tens of thousands (a term in 14% of 100k items: ~6 ms
+per recall).  From ``common_query_items_min`` live items on, a term in more than
+``common_query_term_share_min`` (5%) of them is common.  A query with common terms and rarer
+terms that match something leaves the common ones out of its text lists (like the pruning
+above, at a lower share: what is lost is the small weight a common term adds and the items
+that match only common terms).  A query whose matching terms are all common ranks only its
+newest matches with bm25: about ``common_query_scored_rows`` allowed ones (``_store.text_search``:
+the window's lowest id is found in rowid order, unscored, and bounds the ranked query), each
+scoring exactly as in a full ranking, since bm25's document frequencies still count the whole
+table; older matches are left to the vector list.  Terms that match nothing change neither
+decision.  Below the minimum, and with the setting ``None``, every match is ranked as before.
 
 Threads (``executor``, the Env's: worker threads in production, inline in the simulator):
 writes run the graph insert, and the embedding when the embedder has a thread-safe
@@ -113,8 +127,10 @@ vector_catch_up_batch_items = 20_000
 embed_batch_items = 256
 add_batch_items_max = 10_000
 # Common-term pruning (``RecallSettings.common_term_share_max``) applies from this many items
-# on: below it a scan is cheap and every term is kept, so small stores rank exactly as before.
-common_term_pruning_items_min = 10_000
+# on.  0: a term in most items weighs nothing in bm25 at any size, and in a small store it
+# made every item a near-tied text hit that crowded the vectors' answer out of the top 5
+# (bench/recall_chinese.py: every one-character-word question in the top 5 only with 0).
+common_term_pruning_items_min = 0
 # Document counts of query terms kept per index (cleared when full), and how stale one may
 # get: it is counted again after this share of the items (at least the minimum) changed.
 term_counts_cached_max = 4096
@@ -128,6 +144,14 @@ term_counts_refresh_items_min = 1000
 # matched them all).  Below it every character is kept: small stores rank exactly as before.
 query_character_pruning_items_min = 10_000
 query_character_items_share_max = 0.02
+# Common queries (``RecallSettings.common_query_scored_rows``; see the module docstring):
+# from this many live items on (the threshold of common-term pruning, kept apart so that a
+# test lowering one does not move the other), a term in more than the share of the items is
+# common; a query with rarer matching terms leaves its common terms out, and a query whose
+# only matching terms are common ranks just about this many of its newest matches.
+common_query_items_min = 10_000
+common_query_term_share_min = 0.05
+common_query_scored_rows_default = 2000
 
 assert recall_limit_max <= recall_candidate_depth_max
 
@@ -175,7 +199,12 @@ class RecallSettings:
     # contain it and the query has other terms (``None``: never; see "Common terms" in the
     # module docstring).  At 0.5 or more no ranking among items that match another term
     # changes, because bm25 gives such a term no weight.
-    common_term_share_max: float | None = None
+    common_term_share_max: float | None = 0.5
+    # Bounded ranking of common queries (``None``: every match is ranked; see "Common
+    # queries" in the module docstring).  Approximate: older matches are left to the vector
+    # list.  Applies only from ``common_query_items_min`` live items on.
+    common_query_scored_rows: int | None = common_query_scored_rows_default
+    common_query_term_share_min: float = common_query_term_share_min
     # Expansions past the first pass (``_expansion``); each is off at weight 0.  Neighbours:
     # the ``neighbour_turns`` turns either side of the ``neighbour_hits`` strongest hits.
     # Feedback: up to ``feedback_terms`` terms shared by the ``feedback_hits`` strongest hits
@@ -200,6 +229,8 @@ class RecallSettings:
         assert min(self.text_weight, self.context_weight, self.vector_weight) >= 0.0
         assert self.context_vector_weight >= 0.0
         assert self.common_term_share_max is None or 0.0 < self.common_term_share_max <= 1.0
+        assert self.common_query_scored_rows is None or self.common_query_scored_rows >= self.candidate_depth
+        assert 0.0 < self.common_query_term_share_min <= 1.0
         assert min(self.feedback_weight, self.entity_weight, self.neighbour_weight) >= 0.0
         assert 0 < self.feedback_hits <= feedback_hits_max
         assert 0 < self.feedback_terms <= feedback_terms_max
@@ -839,10 +870,13 @@ class MemoryIndex:
         context_ids: list[int] = []
         text_match = None
         newest_only = False
+        scored_rows = None
         if plan.searched is not None:
             kept = self._without_idle_characters(connection, plan.searched, plan.characters)
             if plan.common_limit is not None:
                 kept, newest_only = self._uncommon_terms(connection, kept, plan.common_limit)
+            if not newest_only:
+                kept, scored_rows = self._common_query_plan(connection, settings, kept, plan.depth)
             text_match = kept.match_expression()
         vector_ids = None
         if plan.vectors is not None:
@@ -854,7 +888,7 @@ class MemoryIndex:
                 facet_expression=plan.facet_expression, candidates=plan.candidates,
             )
         elif text_match is not None:
-            text_ids, context_ids = self._text_lists(connection, plan, text_match)
+            text_ids, context_ids = self._text_lists(connection, plan, text_match, scored_rows)
         if not plan.with_context:
             context_ids = []
         candidates = CandidateLists(
@@ -868,9 +902,14 @@ class MemoryIndex:
         return candidates
 
     def _text_lists(
-        self, connection: apsw.Connection, plan: _HybridPlan, text_match: str
+        self,
+        connection: apsw.Connection,
+        plan: _HybridPlan,
+        text_match: str,
+        scored_rows: int | None = None,
     ) -> tuple[list[int], list[int]]:
-        """The text list and the context-weighted list for ``text_match``."""
+        """The text list and the context-weighted list for ``text_match`` (ranked among the
+        newest matches only when ``scored_rows`` is given: see ``_common_query_plan``)."""
         text_weights = plan.settings.text_column_weights
         context_weights = plan.settings.context_column_weights
         # The two lists differ only in the weight of the context column; when no allowed
@@ -884,6 +923,7 @@ class MemoryIndex:
             column_weights=weights,
             facet_expression=plan.facet_expression,
             candidates=plan.candidates,
+            scored_rows=scored_rows,
         )
         return found[0], (found[1] if len(found) > 1 else [])
 
@@ -998,6 +1038,28 @@ class MemoryIndex:
             cached = (count, count > limit, written)
             self._term_counts[key] = cached
         return cached[0]
+
+    def _common_query_plan(
+        self, connection: apsw.Connection, settings: RecallSettings, query: TextQuery, depth: int
+    ) -> tuple[TextQuery, int | None]:
+        """``query`` for the text lists and how many of its newest matches they rank
+        (``None``: all), by "Common queries" in the module docstring: in a large store, a
+        query with both rare and common matching terms keeps the rare ones (and those that
+        match nothing); one whose matching terms are all common is ranked within its newest
+        matches.  Counts are cached like the pruning's (``_term_count``)."""
+        scored_rows = settings.common_query_scored_rows
+        if scored_rows is None:
+            return query, None
+        live = self._live_items()
+        if live < common_query_items_min:
+            return query, None
+        limit = int(live * settings.common_query_term_share_min)
+        counts = {term: self._term_count(connection, query, term, limit) for term in query.terms}
+        if all(count <= limit for count in counts.values()):
+            return query, None
+        if any(0 < count <= limit for count in counts.values()):
+            return replace(query, terms=tuple(term for term in query.terms if counts[term] <= limit)), None
+        return query, max(scored_rows, depth)
 
     def _without_idle_characters(
         self, connection: apsw.Connection, query: TextQuery, characters: dict[str, str]

@@ -33,6 +33,10 @@ from ._tokenizer import fts5_tokenize_spec
 text_column_weights_default = (1.0, 0.5, 0.5)
 text_search_rows_max = 200_000
 text_single_scan_candidates_max = 50_000
+# A bounded search (``text_search``'s ``scored_rows``) reads at most this many times
+# ``scored_rows`` of the newest matches before ranking, however selective its bitmap: a
+# narrow time window then ranks fewer allowed matches rather than every match there is.
+text_scored_window_growth_max = 4
 
 schema_sql = f"""
 CREATE TABLE retrieval_items(
@@ -247,6 +251,67 @@ def facet_rows(
     )
 
 
+def _rowid_range(lowest: int | None, highest: int | None) -> tuple[str, tuple[int, ...]]:
+    """The SQL (and its arguments) that bounds a MATCH query's rowids; FTS5 seeks its
+    posting lists to the bounds, so rows outside are never read, let alone scored."""
+    clause = ""
+    arguments: tuple[int, ...] = ()
+    if lowest is not None:
+        clause, arguments = " AND rowid >= ?", (lowest,)
+    if highest is not None:
+        clause, arguments = clause + " AND rowid <= ?", (*arguments, highest)
+    return clause, arguments
+
+
+def _allowed_span(allowed: BitMap | None) -> tuple[int | None, int | None]:
+    """The lowest and highest allowed id: no match outside can be a hit (exact, and free)."""
+    if allowed is None or len(allowed) == 0:
+        return None, None
+    return allowed.min(), allowed.max()
+
+
+def newest_match_bound(
+    connection: apsw.Connection, match_expression: str, rows: int, highest: int | None = None
+) -> int | None:
+    """The id of the ``rows``-th newest (highest id) match at or below ``highest``, or
+    ``None`` when fewer match.
+
+    Read in rowid order without scoring: FTS5 merges the posting lists in C and stops there,
+    a small fraction of what ranking every match with ``bm25()`` costs."""
+    assert rows > 0
+    clause, arguments = _rowid_range(None, highest)
+    found = connection.execute(
+        f"SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?{clause}"
+        " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (match_expression, *arguments, rows - 1),
+    ).fetchone()
+    return None if found is None else int(found[0])
+
+
+def _over_fetch_rows(allowed: BitMap | None, depth: int, candidates: int) -> tuple[int, float]:
+    """``(rows to read for depth allowed hits, the bitmap's selectivity among candidates)``."""
+    if allowed is None:
+        return depth, 1.0
+    selectivity = max(len(allowed) / max(candidates, len(allowed), 1), 1e-6)
+    return min(text_search_rows_max, int(depth / selectivity * 1.5) + depth), selectivity
+
+
+def _scored_window(scored_rows: int | None, selectivity: float) -> int | None:
+    """How many of the newest matches a bounded search ranks first (``None``: all): enough
+    to hold about ``scored_rows`` allowed ones, but no more than
+    ``text_scored_window_growth_max`` times that (see ``text_search``)."""
+    if scored_rows is None:
+        return None
+    window = min(int(scored_rows / selectivity), scored_rows * text_scored_window_growth_max)
+    return min(text_search_rows_max, window)
+
+
+def _bounded_low(span_low: int | None, window_low: int | None) -> int | None:
+    if span_low is None:
+        return window_low
+    return span_low if window_low is None else max(span_low, window_low)
+
+
 def text_search(
     connection: apsw.Connection,
     match_expression: str,
@@ -256,6 +321,7 @@ def text_search(
     column_weights: tuple[float, float, float] = text_column_weights_default,
     facet_expression: str | None = None,
     candidates: int = 0,
+    scored_rows: int | None = None,
 ) -> list[int]:
     """Ids of the best ``depth`` bm25 matches that are in ``allowed`` (all when ``None``).
 
@@ -264,29 +330,44 @@ def text_search(
     cannot express (visibility, tombstones, time) is filtered here by the bitmap, so this
     over-fetches: the first fetch is sized by how selective the bitmap is among the
     candidates, and grows eightfold until ``depth`` allowed hits are found or matches run out.
+    Matches outside the allowed ids' span are never read (a rowid range: exact).
+
+    ``scored_rows`` (``None``: every match is ranked) bounds the search to the newest matches:
+    enough of them to hold about that many allowed ones (at most
+    ``text_scored_window_growth_max`` times that many matches), found in rowid order and then
+    ranked by ``bm25()`` — whose document frequencies still count the whole table, so each
+    ranked match scores exactly as in an unbounded search.  The window grows eightfold while
+    it yields fewer than ``depth`` allowed hits.
     """
     assert depth > 0
     if allowed is not None and len(allowed) == 0:
         return []
-    limit = depth
-    if allowed is not None:
-        selectivity = len(allowed) / max(candidates, len(allowed), 1)
-        limit = min(text_search_rows_max, int(depth / max(selectivity, 1e-6) * 1.5) + depth)
+    limit, selectivity = _over_fetch_rows(allowed, depth, candidates)
+    window = _scored_window(scored_rows, selectivity)
+    span_low, span_high = _allowed_span(allowed)
     if facet_expression is not None:
         match_expression = f"({match_expression}) AND {facet_expression}"
     sql = (
-        "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?"
+        "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?{bounds}"
         " ORDER BY bm25(retrieval_text, ?, ?, ?, 0.0), rowid LIMIT ?"  # ties: the lower id
     )
+    lowest = None if window is None else newest_match_bound(connection, match_expression, window, span_high)
     while True:
-        rows = [
-            item_id
-            for (item_id,) in connection.execute(sql, (match_expression, *column_weights, limit))
-        ]
+        clause, bounds = _rowid_range(_bounded_low(span_low, lowest), span_high)
+        found = connection.execute(
+            sql.format(bounds=clause), (match_expression, *bounds, *column_weights, limit)
+        )
+        rows = [item_id for (item_id,) in found]
         hits = rows if allowed is None else [item_id for item_id in rows if item_id in allowed]
-        if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
+        if len(hits) >= depth:
             return hits[:depth]
-        limit = min(text_search_rows_max, limit * 8)
+        if len(rows) == limit and limit < text_search_rows_max:
+            limit = min(text_search_rows_max, limit * 8)
+            continue
+        if lowest is None or window is None or window >= text_search_rows_max:
+            return hits[:depth]
+        window = min(text_search_rows_max, window * 8)
+        lowest = newest_match_bound(connection, match_expression, window, span_high)
 
 
 def text_search_lists(
@@ -298,8 +379,10 @@ def text_search_lists(
     column_weights: Sequence[tuple[float, float, float]],
     facet_expression: str | None,
     candidates: int,
+    scored_rows: int | None = None,
 ) -> list[list[int]]:
-    """One ranked id list per entry of ``column_weights``, like ``text_search`` for each.
+    """One ranked id list per entry of ``column_weights``, like ``text_search`` for each
+    (``scored_rows`` too).
 
     When the facet filter admits few items (``candidates`` at most
     ``text_single_scan_candidates_max``) and there are several weightings, the matches are
@@ -319,22 +402,32 @@ def text_search_lists(
                 column_weights=weights,
                 facet_expression=facet_expression,
                 candidates=candidates,
+                scored_rows=scored_rows,
             )
             for weights in column_weights
         ]
+    if len(allowed) == 0:
+        return [[] for _ in column_weights]
     scores = ", ".join(
         f"bm25(retrieval_text, {float(a)}, {float(b)}, {float(c)}, 0.0)"
         for a, b, c in column_weights
     )
-    rows = [
-        row
-        for row in connection.execute(
-            f"SELECT rowid, {scores} FROM retrieval_text WHERE retrieval_text MATCH ?",
-            (match_expression if facet_expression is None
-             else f"({match_expression}) AND {facet_expression}",),
-        )
-        if row[0] in allowed
-    ]
+    if facet_expression is not None:
+        match_expression = f"({match_expression}) AND {facet_expression}"
+    _, selectivity = _over_fetch_rows(allowed, depth, candidates)
+    window = _scored_window(scored_rows, selectivity)
+    span_low, span_high = _allowed_span(allowed)
+    lowest = None if window is None else newest_match_bound(connection, match_expression, window, span_high)
+    sql = f"SELECT rowid, {scores} FROM retrieval_text WHERE retrieval_text MATCH ?"
+    while True:
+        clause, bounds = _rowid_range(_bounded_low(span_low, lowest), span_high)
+        rows = [
+            row for row in connection.execute(sql + clause, (match_expression, *bounds)) if row[0] in allowed
+        ]
+        if lowest is None or window is None or len(rows) >= depth or window >= text_search_rows_max:
+            break
+        window = min(text_search_rows_max, window * 8)
+        lowest = newest_match_bound(connection, match_expression, window, span_high)
     ranked = []
     for position in range(1, len(column_weights) + 1):
         # bm25() is "lower is better"; ties go to the lower id for determinism.
@@ -362,9 +455,10 @@ def newest_matches(
     limit = min(text_search_rows_max, int(depth / max(selectivity, 1e-6) * 1.5) + depth)
     if facet_expression is not None:
         match_expression = f"({match_expression}) AND {facet_expression}"
-    sql = "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ? ORDER BY rowid DESC LIMIT ?"
+    clause, bounds = _rowid_range(*_allowed_span(allowed))
+    sql = f"SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?{clause} ORDER BY rowid DESC LIMIT ?"
     while True:
-        rows = [item_id for (item_id,) in connection.execute(sql, (match_expression, limit))]
+        rows = [item_id for (item_id,) in connection.execute(sql, (match_expression, *bounds, limit))]
         hits = [item_id for item_id in rows if item_id in allowed]
         if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
             return hits[:depth]

@@ -16,7 +16,9 @@ Who the clients are (each client step picks one role):
   messages) for four characters; every ``input_history`` is a JSON string, every message
   carries a unique tag (``#m<number>#``) so storage can be checked message by message; a
   request whose outcome is unknown (timeout, 503, a crashed turn) is retried with the same body;
-- a **reader** asks ``/new_dialog``, ``/query_memory`` and ``/get_recent_history``;
+- a **reader** asks ``/new_dialog``, ``/query_memory`` (sometimes a burst of concurrent
+  queries to one character, which the app runs side by side outside the actor's turn, racing
+  releases and reloads) and ``/get_recent_history``;
 - **character management** releases characters with a fresh claim token and the generation it
   last published (retries reuse the token, as the contract says), reloads them (releasing
   exactly that token, sometimes publishing the next generation), replays revoked tokens and
@@ -44,6 +46,10 @@ every response):
 - a released character runs no derived task until reload: no derived outbox task of a
   character completes (trace ``character_task``) between a release's acknowledgement and the
   first reload that could end that claim; a held release answers ``/query_memory`` with 503;
+- a released character's handles are not read after the release answered: no leased recall
+  of a character starts reading (trace ``character_lease_read``) between a release's
+  acknowledgement and the first reload that could end that claim, and none that started
+  before the acknowledgement ends (``character_lease_end``) after it;
 - replayed or revoked claims are always refused: a release with a token that an acknowledged
   reload released, or with a fresh token whose generation is below an acknowledged published
   one, answers 409 ``status: "cancelled"`` with the contract's body; a fresh token at the
@@ -98,6 +104,9 @@ new_dialog_seconds_max = 150.0
 attempts_max = 3
 retry_sleep_seconds_max = 3.0
 messages_per_write_max = 4
+query_burst_share = 0.4
+"""Share of ``/query_memory`` steps that send a burst of concurrent queries to one character."""
+query_burst_size_max = 4
 blocked_seconds_max = 2.0
 """How long the launcher keeps the server in limited mode before it continues."""
 continue_attempts_max = 8
@@ -276,6 +285,9 @@ class CharacterWorkload:
         self.done_ids: set[str] = set()
         self.responses = 0
         self._follower: _TraceFollower | None = None
+        self._lease_follower: _TraceFollower | None = None
+        self._reading: dict[tuple[str, Any], int] = {}
+        """(character, lease number) -> trace sequence its read started (this lifetime)."""
         self._pending: list[Violation] = []
         self._reported: set[str] = set()
 
@@ -510,6 +522,17 @@ class CharacterWorkload:
 
     async def query_memory(self, world: World, driver: AsgiDriver) -> None:
         character = self._pick_character(world)
+        if world.random.random() >= query_burst_share:
+            await self._query_one(world, driver, character)
+            return
+        # Concurrent queries to one character: leased recalls overlap, and race whatever
+        # release or reload the other clients send meanwhile.
+        count = 2 + world.random.randrange(0, query_burst_size_max - 1)
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(self._query_one, world, driver, character)
+
+    async def _query_one(self, world: World, driver: AsgiDriver, character: str) -> None:
         path = f"/query_memory/{quote(character, safe='')}"
         query: dict[str, Any] = {}
         roll = world.random.random()
@@ -640,10 +663,11 @@ class CharacterWorkload:
             body["resume_derived_task_names"] = [character]
             body["resume_derived_task_generations"] = [publish]
         data = json.dumps(body, ensure_ascii=False).encode()
+        # Recorded before sending (the ``http_invoke`` about to be recorded): a process crash
+        # may end this client step inside the request, after the reload took effect.
+        self._reload_sent(character, claim.token, publish, world.tracer.sequence + 1)
         for attempt in range(attempts_max):
             exchange = await self._send(world, driver, "POST", "/reload", data)
-            if attempt == 0:
-                self._reload_sent(character, claim.token, publish, exchange.invoke_seq)
             response, document = exchange.response, exchange.document
             if response is not None and response.status == 200 and isinstance(document, dict):
                 if document.get("status") == "success" and isinstance(document.get("message"), str):
@@ -801,6 +825,37 @@ class CharacterWorkload:
         self._check_recent_tail(snapshot)
         self._check_suspects(snapshot)
         self._check_tasks(world, snapshot)
+        self._check_leases(world)
+
+    def _check_leases(self, world: World) -> None:
+        """A released character's handles are not read after the release answered."""
+        if self._lease_follower is None:
+            self._lease_follower = _TraceFollower(world.tracer, (
+                b"character_lease_", b"sim_restart", b"sim_clean_restart", b"sim_crash", b"sim_power_loss"))
+        for sequence, _, event, kind, key, fields in self._lease_follower.new_records():
+            if event in ("sim_restart", "sim_clean_restart", "sim_crash", "sim_power_loss"):
+                self._reading.clear()  # lease numbers start again with the next engine
+                continue
+            if kind != "character" or event not in ("character_lease_read", "character_lease_end"):
+                continue
+            lease = fields.get("lease")
+            if event == "character_lease_read":
+                self._reading[(key, lease)] = sequence
+                for claim in self.claims:
+                    if claim.character == key and claim.ack_seq and claim.ack_seq < sequence < claim.ended_seq:
+                        self._violate(f"a leased recall of {key} started reading after the release with claim "
+                                      f"{claim.token} answered (no reload sent yet)",
+                                      (*claim.sequences, sequence), key, once=True)
+                        break
+                continue
+            started = self._reading.pop((key, lease), None)
+            if started is None:
+                continue
+            for claim in self.claims:
+                if claim.character == key and claim.ack_seq and started < claim.ack_seq < sequence:
+                    self._violate(f"a leased recall of {key} was still reading when the release with claim "
+                                  f"{claim.token} answered", (*claim.sequences, started, sequence), key, once=True)
+                    break
 
     def _check_raw_rows(self, snapshot: _Snapshot) -> None:
         for write in self.writes:

@@ -52,6 +52,16 @@ Why the pieces fit this way:
   ``/reflect`` synthesises one reflection at once and queues promotion (fire and forget, so
   ``auto_transitions`` is 0).
 
+- **Recall runs beside the turns.**  A ``/query_memory`` turn (``QueryMemory(leased=True)``)
+  only admits the query: the same checks as ever (claims, stores open, the index opened, in
+  the background when it is not, ``RecallOpening``), a sync of the handle when writes marked
+  it stale, and then it answers a ``RecallLease`` (``_recall``) that the HTTP route runs.  So
+  one character's queries overlap (SQLite's FTS5 leaves the interpreter lock in its read
+  threads) and its mailbox keeps moving.  The leases live in the engine's ``RecallLeases``,
+  not here: ``/release_character`` and a reload (``_close_stores``) wait for the character's
+  reading leases, at most ``lease_drain_seconds_max``, then revoke them (503), and only then
+  drop the handle, also when the leases came from an incarnation that crashed since.
+
 A crash discards the instance: claims, the settle lock and the outbox are durable, so the next
 activation restores them; waiting requests re-ask (``ask_waiting``) and are queued again.
 """
@@ -257,6 +267,11 @@ class CharacterMemory(Protocol):
         rebuilt from storage on next use.  True when something was open."""
         ...
 
+    # Optional, found with ``getattr`` (``StoreMemory`` has both; a memory without them
+    # answers queries inside the turn, as before leases):
+    #   async lease_recall(port, query, time, *, trace) -> RecallLease | RecallOpening | reply
+    #   async drain_leases(port) -> int   (before ``close_stores``: leases end or are revoked)
+
 
 @dataclass
 class CharacterSettings:
@@ -425,7 +440,7 @@ class CharacterActor(Actor):
     # -- dispatch --------------------------------------------------------------------------
 
     async def receive(self, message: Any) -> Any:
-        self._follow_components()
+        await self._follow_components()
         if isinstance(message, TaskEnded):
             return await self._task_ended(message)
         if isinstance(message, CacheHistory):
@@ -475,17 +490,23 @@ class CharacterActor(Actor):
     def _port(self) -> CharacterPort:
         return CharacterPort(self.name, self.claims.generation, self.context.env, self.context.storage)
 
-    def _follow_components(self) -> None:
-        """A reload swapped the components: drop the in-memory ones (rebuilt on next use)."""
+    async def _follow_components(self) -> None:
+        """A reload swapped the components: drop the in-memory ones (rebuilt on next use),
+        once the leased recalls of the old ones ended."""
         generation = self.settings.components.generation
         if generation != self.components_generation:
             self.components_generation = generation
-            self._close_stores()
+            await self._close_stores()
 
-    def _close_stores(self) -> None:
-        """Drop the in-memory stores (rebuilt on next use), and stop opening them."""
+    async def _close_stores(self) -> int:
+        """Drop the in-memory stores (rebuilt on next use), and stop opening them.  Leased
+        recalls still reading them are waited for, bounded (``drain_leases``), then revoked:
+        no handle is read after this returns.  Returns how many leases were revoked."""
         self.context.cancel_task(recall_open_task_name)
+        drain = getattr(self.memory, "drain_leases", None)
+        revoked = await drain(self._port()) if drain is not None else 0
         self.memory.close_stores(self._port())
+        return revoked
 
     # -- dialogue persistence --------------------------------------------------------------
 
@@ -608,9 +629,10 @@ class CharacterActor(Actor):
             return CharacterFailed("the release could not be stored")
         finally:
             self.outbox_changes += 1
-        self._close_stores()
         self.stores_open = False
-        self.context.trace("character_released", tokens=len(claims.live), cancelled=cancelled, hold=hold)
+        revoked = await self._close_stores()
+        self.context.trace("character_released", tokens=len(claims.live), cancelled=cancelled, hold=hold,
+                           leases_revoked=revoked)
         return CharacterReleased(self.name, cancelled, token)
 
     def _stop_running_derived(self) -> bool:
@@ -636,7 +658,7 @@ class CharacterActor(Actor):
                     del claims.live[token]
                     claims.retire(token)
         await self._save_claims()
-        self._close_stores()
+        await self._close_stores()
         self.stores_open = not claims.live
         self._pump()
         return CharacterReloaded(self.name, len(message.release_tokens), claims.generation, not claims.live)
@@ -828,10 +850,19 @@ class CharacterActor(Actor):
         if self.claims.live or not self.stores_open:
             # ``/release_character`` released the stores: closed until a reload ends the claim.
             return MemoryUnavailable("the character is released until the next reload")
-        reply = await self.memory.query_memory(self._port(), message.query, message.time)
+        reply = await self._admit_query(message)
         if not isinstance(reply, RecallOpening):
             return reply
         return await self._open_recall(reply, message)
+
+    async def _admit_query(self, message: QueryMemory) -> Any:
+        """A leased query (``message.leased``) gets a ``RecallLease`` to run outside this
+        turn when the memory hands them out (``lease_recall``); otherwise the query runs
+        here.  Either may be ``RecallOpening``."""
+        lease_recall = getattr(self.memory, "lease_recall", None) if message.leased else None
+        if lease_recall is not None:
+            return await lease_recall(self._port(), message.query, message.time, trace=self.context.trace)
+        return await self.memory.query_memory(self._port(), message.query, message.time)
 
     async def _open_recall(self, opening: RecallOpening, message: QueryMemory) -> Any:
         """The recall index is not open (first query after start-up, a release or a reload):
@@ -853,7 +884,7 @@ class CharacterActor(Actor):
         with trio.move_on_after(self.settings.recall_open_wait_seconds):
             await opened.wait()
         if opened.is_set():
-            reply = await self.memory.query_memory(self._port(), message.query, message.time)
+            reply = await self._admit_query(message)
             if not isinstance(reply, RecallOpening):
                 return reply
         return MemoryUnavailable("the memory stores are being opened",
@@ -1365,6 +1396,33 @@ class StoreMemory:
             return RecallOpening(lambda: indexes.open_character(port.storage, port.name,
                                                                 embedder=port.env.embedder))
         return await query_memory(recall, query, time, clock=port.env.clock)
+
+    async def lease_recall(self, port: CharacterPort, query: str | None, time: str | None, *,
+                           trace: Callable[..., None] | None = None) -> Any:
+        """The admission of a leased query, in the actor's turn: ``RecallOpening`` while the
+        handle is not open, else a ``RecallLease`` on the handle, synced first (so the
+        leased recall sees every write acknowledged before it and never writes the index
+        itself); a failed sync is the contract's degraded answer, as in ``query_memory``."""
+        from ._protocol import MemoryResults
+        from ._recall import recall_failed_error_code
+
+        indexes = self._indexes()
+        recall = indexes.opened(port.storage, port.name)
+        if recall is None or not recall.reconciled:
+            return await self.query_memory(port, query, time)  # RecallOpening
+        if recall.stale:
+            started = port.env.clock.monotonic()
+            try:
+                await recall.sync()
+            except Exception:  # the contract: degrade to an empty success, never leak the error
+                elapsed_ms = round((port.env.clock.monotonic() - started) * 1000.0, 3)
+                return MemoryResults((), query, 0, elapsed_ms, error_code=recall_failed_error_code)
+        return indexes.lease(port.storage, recall, trace)
+
+    async def drain_leases(self, port: CharacterPort) -> int:
+        """Before the handle is released: the character's leased recalls end (see
+        ``RecallLeases.drain``); returns how many were revoked."""
+        return await self._indexes().leases_for(port.storage).drain(port.name)
 
     def memory_changed(self, port: CharacterPort) -> None:
         recall = self._indexes().opened(port.storage, port.name)

@@ -335,10 +335,15 @@ class PersonaDocument:
 @dataclass(frozen=True, kw_only=True)
 class QueryMemory:
     """``POST /query_memory``: both optional; the routing and time rules live in
-    ``_recall``.  → ``MemoryResults`` | ``MemoryUnavailable``."""
+    ``_recall``.  → ``MemoryResults`` | ``MemoryUnavailable``.
+
+    ``leased``: the turn only admits the query and answers a ``RecallLease`` (``_recall``)
+    that the caller runs outside the actor's turn, so queries of one character overlap
+    (the HTTP route asks this way); a memory without leases answers the query itself."""
 
     query: str | None = None
     time: str | None = None
+    leased: bool = False
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from troupe.actors.character import (
     NewDialog,
     PersonaDocument,
     QueryMemory,
+    RecallLease,
     RecentHistory,
     RecordSurfaced,
     Reflect,
@@ -400,9 +401,14 @@ def _install_character_routes(app: QuartTrio, dependencies: CharacterAppDependen
         clock = dependencies.env.clock
         started = clock.monotonic()
         try:
-            reply = await character(QueryMemory(query=query, time=time))
+            # The turn only admits the query and lends the recall handle (``RecallLease``):
+            # the recall runs here, outside the actor's turn, so one character's queries
+            # overlap and its mailbox keeps moving.
+            reply = await character(QueryMemory(query=query, time=time, leased=True))
         except ActorFailed:
             reply = None
+        if isinstance(reply, RecallLease):
+            reply = await reply.query(query, time, clock=clock)
         if isinstance(reply, MemoryUnavailable):
             retry_after = max(retry_after_seconds_default, math.ceil(reply.retry_after_seconds or 0))
             return json_response(detail_document(503, reply.message), 503, {"Retry-After": str(retry_after)})
