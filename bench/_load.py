@@ -160,6 +160,21 @@ def profiled_phase(arguments: Any, phase: str) -> contextlib.AbstractContextMana
     return profiled(arguments.profile == phase, sort=arguments.profile_sort, lines=arguments.profile_lines)
 
 
+def percentile(values: list[float], fraction: float) -> float | None:
+    """The nearest-rank ``fraction`` percentile of ``values`` (the ``int(n * fraction)``-th
+    smallest, the largest at most); None when there are none.  What every load generator
+    reports, so that their p50/p99 mean the same thing."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def rounded_ms(seconds: float | None) -> float | None:
+    """``seconds`` as milliseconds to two decimals (None stays None)."""
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
 class PhaseMeter:
     """The server process's CPU seconds (every thread) and the engine's commits over a phase:
     tells a CPU-bound server from one waiting on fsync."""
@@ -216,13 +231,23 @@ def time_write_jobs() -> dict[str, list[float]]:
     return totals
 
 
+def print_job_times(totals: Mapping[str, list[float]]) -> None:
+    """``--job-times``' report: what ``time_write_jobs`` summed, the costliest kind of job first,
+    to stderr (stdout carries the benchmark's one JSON line)."""
+    for name, (count, seconds) in sorted(totals.items(), key=lambda item: -item[1][1]):
+        print(f"job {name}: {count} runs, {seconds:.3f} s, {seconds / count * 1000:.3f} ms each", file=sys.stderr)
+
+
 __all__ = [
     "PhaseMeter",
     "RawConnection",
     "Runtime",
     "create_tokens",
+    "percentile",
+    "print_job_times",
     "profiled",
     "profiled_phase",
+    "rounded_ms",
     "start_runtime",
     "start_server",
     "time_write_jobs",

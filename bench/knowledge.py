@@ -94,22 +94,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import hashlib
 import json
 import os
-import pstats
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _load import PhaseMeter, RawConnection, start_server, time_write_jobs  # noqa: E402  (bench/ is first on sys.path)
+from _load import (  # noqa: E402  (bench/ is first on sys.path)
+    PhaseMeter,
+    RawConnection,
+    percentile,
+    print_job_times,
+    profiled_phase,
+    rounded_ms,
+    start_runtime,
+    start_server,
+    time_write_jobs,
+)
 
 warm_up_seconds = 1.5
 backlog_wait_seconds_max = 300.0
@@ -290,17 +297,6 @@ def write_document(spec: dict[str, Any], key: str, scope: str, turn: list[str], 
     }
 
 
-def _percentile(values: list[float], fraction: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
-
-
-def _rounded_ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
-
-
 async def _client(spec: dict[str, Any]) -> dict[str, Any]:
     mode, port, connections = spec["mode"], spec["port"], spec["connections"]
     latencies: list[float] = []
@@ -389,9 +385,9 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "answered_total": state["answered"],
         "seconds": round(elapsed, 3),
         "requests_per_second": round(completed / elapsed, 1),
-        "p50_ms": _rounded_ms(_percentile(latencies, 0.5)),
-        "p99_ms": _rounded_ms(_percentile(latencies, 0.99)),
-        "max_ms": _rounded_ms(max(latencies, default=None)),
+        "p50_ms": rounded_ms(percentile(latencies, 0.5)),
+        "p99_ms": rounded_ms(percentile(latencies, 0.99)),
+        "max_ms": rounded_ms(max(latencies, default=None)),
         "errors": errors,
         "error_count": state["errors"],
     }
@@ -400,8 +396,8 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
         result["answers_digest"] = hashlib.sha256(ordered.encode()).hexdigest()
         result["distinct_evidence_ids"] = len(set(answers.values()))
     if mode == "context":
-        result["server_p50_ms"] = _percentile(server_ms, 0.5)
-        result["server_p99_ms"] = _percentile(server_ms, 0.99)
+        result["server_p50_ms"] = percentile(server_ms, 0.5)
+        result["server_p99_ms"] = percentile(server_ms, 0.99)
         result["items_mean"] = round(sum(item_counts) / max(1, len(item_counts)), 2)
     return result
 
@@ -487,8 +483,8 @@ async def _open_loop_client(spec: dict[str, Any]) -> dict[str, Any]:
         "unanswered": state["measured_sent"] - len(latencies) - state["measured_errors"],
         "late_sends": state["late"], "waited_for_connection": state["waited"],
         "in_flight_max": state["in_flight_max"],
-        "p50_ms": _rounded_ms(_percentile(latencies, 0.5)), "p99_ms": _rounded_ms(_percentile(latencies, 0.99)),
-        "max_ms": _rounded_ms(max(latencies, default=None)),
+        "p50_ms": rounded_ms(percentile(latencies, 0.5)), "p99_ms": rounded_ms(percentile(latencies, 0.99)),
+        "max_ms": rounded_ms(max(latencies, default=None)),
         "errors": errors, "error_count": state["errors"],
     }
 
@@ -517,37 +513,15 @@ async def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def start_knowledge(nursery: trio.Nursery, data_dir: str, embedder_name: str) -> tuple[Any, Any, Any, int]:
-    """The knowledge app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
-    import httpx
-
+    """The knowledge app over the parts ``troupe serve`` starts (``_load.start_runtime``), with
+    the embedder ``--embedder`` names."""
     from troupe._config import ServeOptions
     from troupe.http import ShutdownSignal
-    from troupe.models import embedder_from_environment, model_from_configuration
-    from troupe.runtime import ActorSystem, real_env
-    from troupe.server import (
-        SurfaceContext,
-        default_surfaces,
-        surface_actor_kinds,
-        surface_migrations,
-        surface_services,
-    )
-    from troupe.storage import Engine, StorageError
+    from troupe.server import SurfaceContext
 
-    surfaces = default_surfaces()
-    knowledge = next(surface for surface in surfaces if surface.name == "knowledge")
-    env = real_env(data_dir)
-    env.model = model_from_configuration(os.environ)
-    env.embedder = embedder_from_environment({**os.environ, "TROUPE_EMBEDDER": embedder_name})
-    env.http = httpx.AsyncClient(timeout=30)
-    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
-    system = ActorSystem(
-        env,
-        surface_actor_kinds(surfaces),
-        storage=engine,
-        services=surface_services(surfaces),
-        transient_errors=(StorageError,),
-    )
-    await nursery.start(system.run)
+    runtime = await start_runtime(nursery, data_dir, {**os.environ, "TROUPE_EMBEDDER": embedder_name})
+    env, engine, system = runtime.env, runtime.engine, runtime.system
+    knowledge = next(surface for surface in runtime.surfaces if surface.name == "knowledge")
     context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
     port = await start_server(nursery, knowledge.create_app(context))
     from troupe.server._process import freeze_startup_heap
@@ -584,24 +558,6 @@ async def wait_for_backlog(engine: Any) -> tuple[int, float]:
     return backlog, round(time.perf_counter() - began, 1)
 
 
-@contextlib.contextmanager
-def profiled(arguments: argparse.Namespace, phase: str) -> Iterator[None]:
-    """``--profile PHASE``: cProfile the server's main thread (the trio loop: HTTP, actors,
-    recall) during that phase and print the top functions to stderr; storage threads are not
-    seen."""
-    if arguments.profile != phase:
-        yield
-        return
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        yield
-    finally:
-        profiler.disable()
-        stats = pstats.Stats(profiler, stream=sys.stderr)
-        stats.sort_stats(arguments.profile_sort).print_stats(arguments.profile_lines)
-
-
 def write_scopes(count: int) -> list[str]:
     return [f"user:bench-{number}" for number in range(count)]
 
@@ -611,7 +567,7 @@ async def write_phase(arguments: argparse.Namespace, env: Any, engine: Any, port
     spec = {"mode": "write", "port": port, "connections": arguments.connections, "seconds": arguments.seconds,
             "scopes": write_scopes(arguments.scopes), "prefix": f"w{os.getpid()}-", "turns": turn_pool(turn_pool_size),
             "occurred_at": int(env.clock.wall()) - 3600}
-    with profiled(arguments, "write"), PhaseMeter(engine) as meter:
+    with profiled_phase(arguments, "write"), PhaseMeter(engine) as meter:
         written = await run_client(spec)
     figures["write_server"] = meter.figures
     figures["write_server"]["cpu_ms_per_write"] = round(meter.cpu_seconds / max(1, written["answered_total"]) * 1000, 2)
@@ -637,7 +593,7 @@ async def latency_phase(arguments: argparse.Namespace, env: Any, engine: Any, po
             "rate": arguments.latency_rate, "seconds": arguments.seconds, "warm_up_seconds": warm_up_seconds,
             "scopes": write_scopes(arguments.scopes), "prefix": f"l{os.getpid()}-",
             "turns": turn_pool(turn_pool_size), "occurred_at": int(env.clock.wall()) - 3600}
-    with profiled(arguments, "latency"), PhaseMeter(engine) as meter:
+    with profiled_phase(arguments, "latency"), PhaseMeter(engine) as meter:
         written = await run_client(spec)
     figures["latency_server"] = meter.figures
     figures["latency_server"]["cpu_ms_per_write"] = round(
@@ -854,11 +810,11 @@ async def in_process_context(env: Any, engine: Any, queries: list[str]) -> dict[
         process_cpu.append(time.process_time() - began_process)
     # ``loop_cpu``: the event loop's thread only; ``cpu``: every thread of the server process
     # (the storage readers too), one request at a time: what a request costs whatever the load.
-    return {"p50_ms": _rounded_ms(_percentile(elapsed, 0.5)), "p99_ms": _rounded_ms(_percentile(elapsed, 0.99)),
-            "loop_cpu_p50_ms": _rounded_ms(_percentile(cpu, 0.5)),
-            "loop_cpu_p99_ms": _rounded_ms(_percentile(cpu, 0.99)),
-            "cpu_p50_ms": _rounded_ms(_percentile(process_cpu, 0.5)),
-            "cpu_p99_ms": _rounded_ms(_percentile(process_cpu, 0.99))}
+    return {"p50_ms": rounded_ms(percentile(elapsed, 0.5)), "p99_ms": rounded_ms(percentile(elapsed, 0.99)),
+            "loop_cpu_p50_ms": rounded_ms(percentile(cpu, 0.5)),
+            "loop_cpu_p99_ms": rounded_ms(percentile(cpu, 0.99)),
+            "cpu_p50_ms": rounded_ms(percentile(process_cpu, 0.5)),
+            "cpu_p99_ms": rounded_ms(percentile(process_cpu, 0.99))}
 
 
 async def context_phase(arguments: argparse.Namespace, env: Any, engine: Any, port: int,
@@ -876,7 +832,7 @@ async def context_phase(arguments: argparse.Namespace, env: Any, engine: Any, po
     common = {"mode": "context", "port": port, "seconds": None, "connections": arguments.context_connections,
               "queries": queries, "scope": main_scope, "top_k": context_top_k, "max_chars": context_max_chars}
     await run_client({**common, "requests": min(40, len(queries))})  # warm caches
-    with profiled(arguments, "context"), PhaseMeter(engine) as meter:
+    with profiled_phase(arguments, "context"), PhaseMeter(engine) as meter:
         answered = await run_client({**common, "requests": arguments.context_requests})
     figures["context_server"] = meter.figures
     figures["context_server"]["cpu_ms_per_request"] = round(
@@ -887,7 +843,7 @@ async def context_phase(arguments: argparse.Namespace, env: Any, engine: Any, po
         "context_max_ms": answered["max_ms"], "context_server_p50_ms": answered["server_p50_ms"],
         "context_server_p99_ms": answered["server_p99_ms"], "context_items_mean": answered["items_mean"],
     })
-    with profiled(arguments, "in_process"):
+    with profiled_phase(arguments, "in_process"):
         figures["context_in_process"] = await in_process_context(env, engine, queries)
 
 
@@ -935,9 +891,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 targets["context_p99_at_most_50_ms"] = (figures["context_p99_ms"] or 1e9) <= 50
             figures["targets_met"] = targets
             if job_times is not None:
-                for name, (count, seconds) in sorted(job_times.items(), key=lambda item: -item[1][1]):
-                    print(f"job {name}: {count} runs, {seconds:.3f} s, {seconds / count * 1000:.3f} ms each",
-                          file=sys.stderr)
+                print_job_times(job_times)
             with trio.move_on_after(30):
                 await system.drain()
             nursery.cancel_scope.cancel()

@@ -83,12 +83,11 @@ from urllib.parse import quote, urlencode
 import cbor2
 import trio
 
-from troupe.storage import StorageError
-
-from ._asgi import AsgiDriver, AsgiError, AsgiResponse
+from ._asgi import AsgiDriver
 from ._trace_queries import _TraceFollower
 from ._violation import Violation
-from ._workload import World, register_workload
+from ._workload import World, check_shares, choose_by_share, read_checkpoint, register_workload
+from ._workload_http import HttpExchange, retry_seconds, send_traced
 
 checker_name = "character"
 surface_name = "character"
@@ -219,18 +218,6 @@ class Suspect:
 
 
 @dataclass
-class _Exchange:
-    response: AsgiResponse | None
-    invoke_seq: int
-    complete_seq: int
-    document: Any = None
-
-    @property
-    def sequences(self) -> tuple[int, ...]:
-        return tuple(number for number in (self.invoke_seq, self.complete_seq) if number)
-
-
-@dataclass
 class _LimitedModel:
     """Limited-mode switches of the current process lifetime (trace sequences)."""
 
@@ -320,26 +307,20 @@ class CharacterWorkload:
             self.continue_needed = False
 
     async def _send(self, world: World, driver: AsgiDriver, method: str, path: str, body: bytes = b"",
-                    *, seconds_max: float = request_seconds_max) -> _Exchange:
-        """One request; checks what every answer must satisfy.  ``response`` is None when the
-        exchange failed (timeout, cut short): an unknown outcome."""
+                    *, seconds_max: float = request_seconds_max) -> HttpExchange:
+        """One request (``send_traced``: traced, an app that raised reported); checks what every
+        answer must satisfy.  ``response`` is None when the exchange failed (timeout, cut
+        short): an unknown outcome."""
         headers = [("content-type", "application/json")] if body else []
-        invoked = world.tracer.record("http_invoke", "http", surface_name, method=method, path=path)
-        errors_before = len(driver.app_errors)
-        try:
-            response = await driver.request(method, path, headers=headers, body=body, seconds_max=seconds_max)
-        except AsgiError as error:
-            failed = world.tracer.record("http_fail", "http", surface_name, error=type(error).__name__)
-            return _Exchange(None, invoked, failed)
-        completed = world.tracer.record("http_ok", "http", surface_name, status=response.status)
+        exchange = await send_traced(world, driver, surface_name, method, path, violate=self._violate,
+                                     headers=headers, body=body, seconds_max=seconds_max)
+        if exchange.response is None:
+            return exchange
         self.responses += 1
-        exchange = _Exchange(response, invoked, completed, _json_or_none(response))
-        if len(driver.app_errors) > errors_before:
-            self._violate(f"the app raised on {method} {path}: {driver.app_errors[-1]}", exchange.sequences)
         self._check_limited_mode(world, method, path, exchange)
         return exchange
 
-    def _check_limited_mode(self, world: World, method: str, path: str, exchange: _Exchange) -> None:
+    def _check_limited_mode(self, world: World, method: str, path: str, exchange: HttpExchange) -> None:
         response = exchange.response
         assert response is not None
         route = path.partition("?")[0]
@@ -376,7 +357,7 @@ class CharacterWorkload:
                     return True
         return len(records) < last  # the trace kept in memory ran out: no verdict
 
-    def _unexpected_500(self, world: World, what: str, exchange: _Exchange, character: str | None = None) -> None:
+    def _unexpected_500(self, world: World, what: str, exchange: HttpExchange, character: str | None = None) -> None:
         """A 500 is only allowed after an actor's turn crashed (the route has no failure body)."""
         if not self._actor_failed_between(world, exchange.invoke_seq, exchange.complete_seq):
             body = exchange.response.body[:160] if exchange.response is not None else b""
@@ -393,12 +374,9 @@ class CharacterWorkload:
         if self.continue_needed and not self.limited_busy:
             await self._continue(world, driver)
             return
-        roll = world.random.random()
-        for share, operation in _operations:
-            if roll < share:
-                await operation(self, world, driver)
-                return
-            roll -= share
+        operation = choose_by_share(world.random.random(), _operations)
+        if operation is not None:
+            await operation(self, world, driver)
 
     def _pick_character(self, world: World) -> str:
         return character_names[world.random.randrange(0, len(character_names))]
@@ -478,7 +456,7 @@ class CharacterWorkload:
             elif response is not None and response.status == 500:
                 self._unexpected_500(world, f"POST {path}", exchange, write.character)
             if attempt + 1 < attempts_max:
-                await trio.sleep(_retry_seconds(response, world))
+                await trio.sleep(retry_seconds(response, world, retry_sleep_seconds_max))
 
     # -- the reader -----------------------------------------------------------------------
     async def new_dialog(self, world: World, driver: AsgiDriver) -> None:
@@ -512,7 +490,7 @@ class CharacterWorkload:
             self.suspects.append(Suspect(character, lines, bound,
                                          (settle.invoke_seq, settle.ack_seq, *exchange.sequences)))
 
-    def _check_shown_tags(self, character: str, text: str, exchange: _Exchange) -> None:
+    def _check_shown_tags(self, character: str, text: str, exchange: HttpExchange) -> None:
         """Context shows only messages someone sent to this very character."""
         strangers = sorted({int(tag) for tag in tag_pattern.findall(text)} - {
             tag for tag, owner in self.tag_owner.items() if owner == character})
@@ -651,7 +629,7 @@ class CharacterWorkload:
                               claim.character)
                 return
             if attempt + 1 < attempts_max:
-                await trio.sleep(_retry_seconds(response, world))
+                await trio.sleep(retry_seconds(response, world, retry_sleep_seconds_max))
 
     async def _reload(self, world: World, driver: AsgiDriver, claim: Claim) -> None:
         """Reload releasing exactly this claim's token; sometimes publishing the next generation."""
@@ -688,7 +666,7 @@ class CharacterWorkload:
             elif response is not None and response.status == 500:
                 self._unexpected_500(world, "POST /reload", exchange, character)
             if attempt + 1 < attempts_max:
-                await trio.sleep(_retry_seconds(response, world))
+                await trio.sleep(retry_seconds(response, world, retry_sleep_seconds_max))
 
     def _reload_sent(self, character: str, token: str, publish: int | None, sequence: int) -> None:
         """A reload may end every claim it releases, and every older-generation claim it publishes over."""
@@ -777,7 +755,7 @@ class CharacterWorkload:
             if response is not None and response.status == 200:
                 self._violate(f"continue answered {response.body[:200]!r}", exchange.sequences)
                 return
-            await trio.sleep(_retry_seconds(response, world))
+            await trio.sleep(retry_seconds(response, world, retry_sleep_seconds_max))
 
     async def health(self, world: World, driver: AsgiDriver) -> None:
         exchange = await self._send(world, driver, "GET", "/health")
@@ -816,10 +794,8 @@ class CharacterWorkload:
         return pending
 
     async def _check_storage(self, world: World, *, quiescent: bool) -> None:
-        try:
-            snapshot = await world.engine.read(_read_snapshot)
-        except StorageError as error:
-            self._violate(f"durable state unreadable at a checkpoint: {type(error).__name__}")
+        snapshot = await read_checkpoint(world, _read_snapshot, self._violate)
+        if snapshot is None:
             return
         self._check_raw_rows(snapshot)
         self._check_recent_tail(snapshot)
@@ -1025,22 +1001,6 @@ def _is_cancelled(document: Any) -> bool:
             and isinstance(document["message"], str))
 
 
-def _retry_seconds(response: AsgiResponse | None, world: World) -> float:
-    if response is not None:
-        try:
-            return min(float(response.header("retry-after") or 1), retry_sleep_seconds_max)
-        except ValueError:
-            pass
-    return 0.5 + world.random.random()
-
-
-def _json_or_none(response: AsgiResponse) -> Any:
-    try:
-        return json.loads(response.body)
-    except ValueError:
-        return None
-
-
 Operation = Callable[[CharacterWorkload, World, AsgiDriver], Awaitable[None]]
 _operations: tuple[tuple[float, Operation], ...] = (
     (0.50, CharacterWorkload.turn),
@@ -1051,7 +1011,7 @@ _operations: tuple[tuple[float, Operation], ...] = (
     (0.04, CharacterWorkload.limited_mode),
     (0.03, CharacterWorkload.health),
 )
-assert abs(sum(share for share, _ in _operations) - 1.0) < 1e-9
+check_shares(_operations)
 
 
 register_workload("character", CharacterWorkload)
