@@ -123,3 +123,17 @@ async def test_a_peer_request_being_handled_when_the_pause_is_answered_carries_n
     await _round(b)
     state = await converged([a, b], count=1, seconds=10)
     assert state[0][5] == {"vendor": "电信", "amount": 120}
+
+
+async def test_a_resume_starts_exchanging_at_once_not_an_interval_later(nursery, tmp_path):
+    # Both loops pause 30 s between rounds (``quiet``): an edit made while paused reaches the
+    # peer within seconds of the resume only because the resume wakes the loop (no forced round).
+    a, b, knowledge_id, version = await _paired_with_one_item(nursery, tmp_path)
+    async with a.client() as ca:
+        await _pause_and_edit(ca, knowledge_id, version)
+        await trio.sleep(0.2)
+        assert (await shared_state(b))[0][5] != {"vendor": "电信", "amount": 120}
+        answer = await ca.put("/sync/settings", json={"paused": False})
+        assert answer.json() == {"enabled": True, "paused": False}
+    state = await converged([a, b], count=1, seconds=5)
+    assert state[0][5] == {"vendor": "电信", "amount": 120}

@@ -9,8 +9,8 @@ the turns) does the network calls, so a slow peer never blocks ``/sync/status``.
 
 The loop, every ``gossip_interval_seconds`` while sync is enabled and a peer is paired (a
 round that pushed something is followed by the next at once, ``gossip_rounds_without_pause_max``
-times at most), with every peer at once (one peer's round trips wait on its writer, not on the
-other peers'):
+times at most; a resume through ``/sync/settings`` ends the pause at once), with every peer at
+once (one peer's round trips wait on its writer, not on the other peers'):
 
 1. capture: drain the outbox into signed local operations (``_oplog.capture``), paused or not;
 2. unless paused (checked again right before every request: a pause answered during a round
@@ -353,6 +353,9 @@ class SyncActor(Actor):
         self.reindex_queued_at = math.inf
         self.last_received_at = -math.inf
         self.reindex_wakeup = trio.Event()
+        self.loop_wakeup = trio.Event()
+        """Set by a resume: the loop's pause between rounds ends at once, so devices that meet
+        again start exchanging when the user switches sync back on, not an interval later."""
         self.round_lock = trio.Lock()
         self.inbound = context.key == inbound_key
 
@@ -628,6 +631,8 @@ class SyncActor(Actor):
         if resumed:
             self.anti_entropy_due = True
         await self._ensure_loop()
+        if resumed:
+            self.loop_wakeup.set()  # a loop already running goes at once (a new one does anyway)
         return self._settings_reply_now()
 
     async def _item_state(self, request: GetKnowledgeSyncState) -> Any:
@@ -940,7 +945,10 @@ class SyncActor(Actor):
                 await trio.sleep(0)
                 continue
             rounds_without_pause = 0
-            await trio.sleep(self.settings.gossip_interval_seconds)
+            with trio.move_on_after(self.settings.gossip_interval_seconds):
+                await self.loop_wakeup.wait()
+            if self.loop_wakeup.is_set():  # a resume during the round or the pause: this round answers it
+                self.loop_wakeup = trio.Event()
 
     async def _run_round(self, request: RunSyncRound) -> SyncRoundDone:
         return await self._round(request.anti_entropy, forced=True)
