@@ -342,6 +342,19 @@ def without_terms(text: str, terms: Sequence[str]) -> str:
     return " ".join(text.split())
 
 
+def _first_ranks(lists: Sequence[RankedList], item_id: int) -> dict[str, int]:
+    """Where ``item_id`` first ranked in each list that holds it (1-based), by list name.
+    Looked up per hit (``list.index`` runs in C) rather than mapping every candidate of
+    every list, which cost more than the few hits need."""
+    ranks = {}
+    for entry in lists:
+        try:
+            ranks[entry.name] = entry.keys.index(item_id) + 1
+        except ValueError:
+            continue
+    return ranks
+
+
 @dataclass(frozen=True)
 class _HybridPlan:
     """What a hybrid recall decided on the event loop, for its storage read."""
@@ -741,17 +754,12 @@ class MemoryIndex:
             return fused.lists, top, len(fused.ranking), rows
 
         lists, top, candidates_total, rows = await self._database.read(search_fuse_fetch)
-        positions = {
-            entry.name: {key: rank for rank, key in reversed(list(enumerate(entry.keys, 1)))}
-            for entry in lists
-        }
         hits = []
         for item_id, score in top:
             row = rows.get(item_id)
             if row is None or row.deleted:  # deleted since the bitmap was read
                 continue
-            ranks = {name: found[item_id] for name, found in positions.items() if item_id in found}
-            hits.append(self._hit(row, score, ranks))
+            hits.append(self._hit(row, score, _first_ranks(lists, item_id)))
         return RecallResult(
             hits, "hybrid", degraded=plan.degraded, candidates_total=candidates_total
         )

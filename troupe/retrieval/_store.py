@@ -37,6 +37,9 @@ text_single_scan_candidates_max = 50_000
 # ``scored_rows`` of the newest matches before ranking, however selective its bitmap: a
 # narrow time window then ranks fewer allowed matches rather than every match there is.
 text_scored_window_growth_max = 4
+# Ids per ``fetch_items`` statement (SQLite allows 32766 bound parameters; recall fetches at
+# most ``recall_limit_max``).
+fetch_items_per_statement_max = 500
 
 schema_sql = f"""
 CREATE TABLE retrieval_items(
@@ -312,6 +315,13 @@ def _bounded_low(span_low: int | None, window_low: int | None) -> int | None:
     return span_low if window_low is None else max(span_low, window_low)
 
 
+def _ranked_ids(row: tuple | None) -> list[int]:
+    """The ids of a ``group_concat`` row (``None`` or ``(None,)`` when nothing matched)."""
+    if row is None or row[0] is None:
+        return []
+    return [int(item_id) for item_id in row[0].split(",")]
+
+
 def text_search(
     connection: apsw.Connection,
     match_expression: str,
@@ -347,17 +357,21 @@ def text_search(
     span_low, span_high = _allowed_span(allowed)
     if facet_expression is not None:
         match_expression = f"({match_expression}) AND {facet_expression}"
+    # The ranked ids come back as ONE row (``_ranked_ids``): a row step per id would leave
+    # and retake the interpreter lock once per id.  (An ordered aggregate: SQLite 3.44 or
+    # later, which the pinned apsw bundles.)
     sql = (
-        "SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?{bounds}"
-        " ORDER BY bm25(retrieval_text, ?, ?, ?, 0.0), rowid LIMIT ?"  # ties: the lower id
+        "SELECT group_concat(rowid, ',' ORDER BY score, rowid) FROM ("
+        "SELECT rowid, bm25(retrieval_text, ?, ?, ?, 0.0) AS score FROM retrieval_text"
+        " WHERE retrieval_text MATCH ?{bounds}"
+        " ORDER BY score, rowid LIMIT ?)"  # ties: the lower id
     )
     lowest = None if window is None else newest_match_bound(connection, match_expression, window, span_high)
     while True:
         clause, bounds = _rowid_range(_bounded_low(span_low, lowest), span_high)
-        found = connection.execute(
-            sql.format(bounds=clause), (match_expression, *bounds, *column_weights, limit)
-        )
-        rows = [item_id for (item_id,) in found]
+        rows = _ranked_ids(connection.execute(
+            sql.format(bounds=clause), (*column_weights, match_expression, *bounds, limit)
+        ).fetchone())
         hits = rows if allowed is None else [item_id for item_id in rows if item_id in allowed]
         if len(hits) >= depth:
             return hits[:depth]
@@ -456,9 +470,12 @@ def newest_matches(
     if facet_expression is not None:
         match_expression = f"({match_expression}) AND {facet_expression}"
     clause, bounds = _rowid_range(*_allowed_span(allowed))
-    sql = f"SELECT rowid FROM retrieval_text WHERE retrieval_text MATCH ?{clause} ORDER BY rowid DESC LIMIT ?"
+    sql = (
+        "SELECT group_concat(rowid, ',' ORDER BY rowid DESC) FROM (SELECT rowid FROM retrieval_text"
+        f" WHERE retrieval_text MATCH ?{clause} ORDER BY rowid DESC LIMIT ?)"
+    )
     while True:
-        rows = [item_id for (item_id,) in connection.execute(sql, (match_expression, *bounds, limit))]
+        rows = _ranked_ids(connection.execute(sql, (match_expression, *bounds, limit)).fetchone())
         hits = [item_id for item_id in rows if item_id in allowed]
         if len(hits) >= depth or len(rows) < limit or limit >= text_search_rows_max:
             return hits[:depth]
@@ -477,15 +494,22 @@ def matching_items(connection: apsw.Connection, match_expression: str, *, cap: i
 
 
 def fetch_items(connection: apsw.Connection, ids: Sequence[int]) -> dict[int, ItemRow]:
-    found = {}
-    for item_id in ids:
+    """The rows of ``ids`` (those that exist), by id.  One statement per
+    ``fetch_items_per_statement_max`` ids: every statement and every row step leaves the
+    interpreter lock and must win it back, which under a busy event loop costs a wait each
+    (a recall's ten hits were ten statements and twenty steps)."""
+    found: dict[int, ItemRow] = {}
+    unique = list(dict.fromkeys(ids))
+    for first in range(0, len(unique), fetch_items_per_statement_max):
+        batch = unique[first : first + fetch_items_per_statement_max]
+        placeholders = ",".join("?" * len(batch))
         for row in connection.execute(
             "SELECT id, key, tenant, scope, kind, visibility, text, context, created_at,"
             " event_start, event_end, forgotten, deleted, speaker FROM retrieval_items"
-            " WHERE id = ?",
-            (item_id,),
+            f" WHERE id IN ({placeholders})",
+            batch,
         ):
-            found[item_id] = ItemRow(
+            found[row[0]] = ItemRow(
                 id=row[0],
                 key=row[1],
                 tenant=row[2],

@@ -206,9 +206,7 @@ class VectorIndex:
         query = numpy.asarray(query, dtype=numpy.float32).reshape(-1)
         if allowed is None:
             matches = self._index.search(query, min(count, size), threads=1)
-            return [
-                (int(k), float(d)) for k, d in zip(matches.keys, matches.distances, strict=True)
-            ]
+            return list(zip(matches.keys.tolist(), matches.distances.tolist(), strict=True))
         selectivity = len(allowed) / max(size, len(allowed))
         fetch = min(size, math.ceil(count / selectivity * 1.5) + count)
         if (
@@ -218,11 +216,7 @@ class VectorIndex:
             return self._exact_search(query, count, allowed)
         for _ in range(vector_search_rounds_max):
             matches = self._index.search(query, fetch, threads=1)
-            found = [
-                (int(key), float(distance))
-                for key, distance in zip(matches.keys, matches.distances, strict=True)
-                if int(key) in allowed
-            ]
+            found = _allowed_matches(matches.keys, matches.distances, allowed)
             if len(found) >= count or fetch >= size:
                 return found[:count]
             fetch = min(size, fetch * 4)
@@ -248,10 +242,22 @@ class VectorIndex:
             exact=True,
             threads=_threads_for(len(keys), vector_exact_items_per_thread_min),
         )
-        return [
-            (int(keys[position]), float(distance))
-            for position, distance in zip(matches.keys, matches.distances, strict=True)
-        ]
+        return list(zip(keys[matches.keys.astype(numpy.int64)].tolist(), matches.distances.tolist(), strict=True))
+
+
+def _allowed_matches(
+    keys: numpy.ndarray, distances: numpy.ndarray, allowed: BitMap
+) -> list[tuple[int, float]]:
+    """The ``(key, distance)`` pairs whose key is in ``allowed``, in order.  The membership
+    test runs in C (a bitmap difference): per key in Python it cost ~0.1 ms per search at a
+    fetch of 250, and when the filter admits the whole graph every key is allowed anyway."""
+    found = list(zip(keys.tolist(), distances.tolist(), strict=True))
+    if not found:
+        return found
+    outside = BitMap(keys.astype(numpy.uint32)) - allowed
+    if not outside:
+        return found
+    return [pair for pair in found if pair[0] not in outside]
 
 
 vector_add_items_per_thread_min = 1024
