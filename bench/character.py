@@ -77,7 +77,16 @@ import trio
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if "--tree" in sys.argv:  # another checkout's ``troupe`` (e.g. before a change), for A/B runs
     sys.path.insert(0, sys.argv[sys.argv.index("--tree") + 1])
-from _load import PhaseMeter, RawConnection, start_server, time_write_jobs  # noqa: E402  (bench/ is first on sys.path)
+from _load import (  # noqa: E402  (bench/ is first on sys.path)
+    PhaseMeter,
+    RawConnection,
+    percentile,
+    print_job_times,
+    rounded_ms,
+    start_runtime,
+    start_server,
+    time_write_jobs,
+)
 
 bench_character_prefix = "bench-"
 fact_character_prefix = "facts-"
@@ -153,13 +162,6 @@ def _build(spec: dict[str, Any], connection: int, sequence: int) -> bytes:
     raise SystemExit(f"unknown mode {mode}")
 
 
-def _percentile(values: list[float], fraction: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
-
-
 async def _client(spec: dict[str, Any]) -> dict[str, Any]:
     connections = spec["connections"]
     latencies: list[float] = []
@@ -231,21 +233,17 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "answered_total": answered,
         "seconds": round(elapsed, 3),
         "requests_per_second": round(completed / elapsed, 1),
-        "p50_ms": _rounded_ms(_percentile(latencies, 0.5)),
-        "p99_ms": _rounded_ms(_percentile(latencies, 0.99)),
-        "max_ms": _rounded_ms(max(latencies, default=None)),
+        "p50_ms": rounded_ms(percentile(latencies, 0.5)),
+        "p99_ms": rounded_ms(percentile(latencies, 0.99)),
+        "max_ms": rounded_ms(max(latencies, default=None)),
         "errors": errors,
         "error_count": error_count,
     }
     if read_bodies:
-        result["server_p50_ms"] = _percentile(server_elapsed, 0.5)
-        result["server_p99_ms"] = _percentile(server_elapsed, 0.99)
-        result["candidates_median"] = _percentile([float(value) for value in candidates], 0.5)
+        result["server_p50_ms"] = percentile(server_elapsed, 0.5)
+        result["server_p99_ms"] = percentile(server_elapsed, 0.99)
+        result["candidates_median"] = percentile([float(value) for value in candidates], 0.5)
     return result
-
-
-def _rounded_ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
 
 
 def client_main(spec_text: str) -> None:
@@ -271,21 +269,10 @@ async def run_client(spec: dict[str, Any]) -> dict[str, Any]:
 
 async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: str,
                           outbox_batch_seconds: float | None = None) -> tuple[Any, Any, Any, int]:
-    """The character app over the parts ``troupe serve`` starts (see ``troupe.server._serve``)."""
-    import httpx
-
+    """The character app over the parts ``troupe serve`` starts (``bench/_load.start_runtime``)."""
     from troupe._config import ServeOptions
     from troupe.http import ShutdownSignal
-    from troupe.models import embedder_from_environment, model_from_configuration
-    from troupe.runtime import ActorSystem, real_env
-    from troupe.server import (
-        SurfaceContext,
-        default_surfaces,
-        surface_actor_kinds,
-        surface_migrations,
-        surface_services,
-    )
-    from troupe.storage import Engine, StorageError
+    from troupe.server import SurfaceContext
 
     if outbox_batch_seconds is not None:
         import functools
@@ -295,21 +282,9 @@ async def start_character(nursery: trio.Nursery, data_dir: str, embedder_name: s
 
         character_surface_module.CharacterSettings = functools.partial(  # type: ignore[misc]
             CharacterSettings, outbox_batch_seconds=outbox_batch_seconds)
-    surfaces = default_surfaces()
-    character = next(surface for surface in surfaces if surface.name == "character")
-    env = real_env(data_dir)
-    env.model = model_from_configuration(os.environ)
-    env.embedder = embedder_from_environment({**os.environ, "TROUPE_EMBEDDER": embedder_name})
-    env.http = httpx.AsyncClient(timeout=30)
-    engine = await Engine.open(env, nursery=nursery, migrations=surface_migrations(surfaces))
-    system = ActorSystem(
-        env,
-        surface_actor_kinds(surfaces),
-        storage=engine,
-        services=surface_services(surfaces),
-        transient_errors=(StorageError,),
-    )
-    await nursery.start(system.run)
+    runtime = await start_runtime(nursery, data_dir, {**os.environ, "TROUPE_EMBEDDER": embedder_name})
+    env, engine, system = runtime.env, runtime.engine, runtime.system
+    character = next(surface for surface in runtime.surfaces if surface.name == "character")
     context = SurfaceContext(ServeOptions(), env, engine, system, ShutdownSignal(), None)
     port = await start_server(nursery, character.create_app(context))
     from troupe.server._process import freeze_startup_heap
@@ -389,7 +364,7 @@ async def build_indexes(system: Any, names: list[str]) -> dict[str, Any]:
             break
     return {"index_build_seconds": round(time.perf_counter() - began, 1),
             "index_build_unavailable_answers": unavailable,
-            "index_build_max_turn_ms": _rounded_ms(longest_turn)}
+            "index_build_max_turn_ms": rounded_ms(longest_turn)}
 
 
 async def in_process_recall(system: Any, name: str, requests: int) -> dict[str, Any]:
@@ -406,10 +381,10 @@ async def in_process_recall(system: Any, name: str, requests: int) -> dict[str, 
         round_trips.append(time.perf_counter() - began)
         recalls.append(reply.elapsed_ms / 1000)
     return {
-        "actor_p50_ms": _rounded_ms(_percentile(round_trips, 0.5)),
-        "actor_p99_ms": _rounded_ms(_percentile(round_trips, 0.99)),
-        "recall_p50_ms": _rounded_ms(_percentile(recalls, 0.5)),
-        "recall_p99_ms": _rounded_ms(_percentile(recalls, 0.99)),
+        "actor_p50_ms": rounded_ms(percentile(round_trips, 0.5)),
+        "actor_p99_ms": rounded_ms(percentile(round_trips, 0.99)),
+        "recall_p50_ms": rounded_ms(percentile(recalls, 0.5)),
+        "recall_p99_ms": rounded_ms(percentile(recalls, 0.99)),
     }
 
 
@@ -650,9 +625,7 @@ async def main(arguments: argparse.Namespace) -> dict[str, Any]:
                 targets["query_p99_at_most_20_ms"] = (figures["query_p99_ms"] or 1e9) <= 20
             figures["targets_met"] = targets
             if job_times is not None:
-                for name, (count, seconds) in sorted(job_times.items(), key=lambda item: -item[1][1]):
-                    print(f"job {name}: {count} runs, {seconds:.3f} s, {seconds / count * 1000:.3f} ms each",
-                          file=sys.stderr)
+                print_job_times(job_times)
             with trio.move_on_after(30):
                 await system.drain()
             nursery.cancel_scope.cancel()
