@@ -16,7 +16,7 @@ import os
 import pstats
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,110 @@ class RawConnection:
         body = bytes(self.buffer[:length])
         del self.buffer[:length]
         return status, body
+
+
+late_send_seconds = 0.002
+"""An open-loop send that leaves later than this after its due time counts as late."""
+open_loop_drain_seconds_max = 10.0
+"""After the last send, how long an open loop waits for the requests still in flight; also how
+far past its planned end an overloaded loop goes on sending (the rest is ``unsent``)."""
+
+
+async def open_loop(
+    *,
+    port: int,
+    rate: float,
+    connections: int,
+    warm_up_seconds: float,
+    seconds: float,
+    request_for: Callable[[int], bytes],
+    refusal: Callable[[int, bytes], str | None] = lambda status, body: None if status == 200 else str(status),
+) -> dict[str, Any]:
+    """An open-loop load: request ``n`` (``request_for(n)``) is due at ``start + n / rate``
+    whatever happened to the others, on the first idle connection of a pool of
+    ``connections`` (large enough that one is normally free).  A latency runs from the
+    request's DUE time to its answer, so a late send (no idle connection, or the generator
+    itself woke late) counts against the server's figure instead of hiding it (no coordinated
+    omission); late sends are counted.  The first ``warm_up_seconds`` are sent but not
+    measured.  ``refusal(status, body)`` names what makes an answer an error (``None``: a
+    good answer)."""
+    idle_send, idle_receive = trio.open_memory_channel[RawConnection](connections)
+    latencies: list[float] = []
+    errors: list[str] = []
+    state = {"sent": 0, "measured_sent": 0, "answered": 0, "errors": 0, "measured_errors": 0, "late": 0, "waited": 0,
+             "in_flight": 0, "in_flight_max": 0}
+    streams = []
+    for _ in range(connections):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        streams.append(stream)
+        idle_send.send_nowait(RawConnection(stream))
+
+    async def one(connection: RawConnection, request: bytes, due: float, measured: bool) -> None:
+        try:
+            status, body = await connection.exchange(request)
+        finally:
+            state["in_flight"] -= 1
+        elapsed = time.perf_counter() - due
+        idle_send.send_nowait(connection)
+        refused = refusal(status, body)
+        if refused is not None:
+            state["errors"] += 1
+            state["measured_errors"] += measured
+            if len(errors) < 5:
+                errors.append(f"{refused}: {status} {body[:300]!r}")
+            return
+        state["answered"] += 1
+        if measured:
+            latencies.append(elapsed)
+
+    total = int(rate * (warm_up_seconds + seconds))
+    first_measured = int(rate * warm_up_seconds)
+    began = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        number = 0
+        give_up_at = began + warm_up_seconds + seconds + open_loop_drain_seconds_max
+        while number < total:
+            due = began + number / rate
+            now = time.perf_counter()
+            if now > give_up_at:
+                break  # overloaded: what is still due is reported unsent, not waited for
+            if due > now:
+                await trio.sleep(due - now)
+                continue
+            try:
+                connection = idle_receive.receive_nowait()
+            except trio.WouldBlock:
+                state["waited"] += 1
+                connection = await idle_receive.receive()
+            if time.perf_counter() - due > late_send_seconds:
+                state["late"] += number >= first_measured
+            measured = number >= first_measured
+            state["measured_sent"] += measured
+            # Counted in flight from here, not when the task first runs: the drain below
+            # must not end before the last request's task has started.
+            state["in_flight"] += 1
+            state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
+            nursery.start_soon(one, connection, request_for(number), due, measured)
+            state["sent"] += 1
+            number += 1
+        sent_seconds = time.perf_counter() - began - warm_up_seconds
+        with trio.move_on_after(open_loop_drain_seconds_max):
+            while state["in_flight"]:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    for stream in streams:
+        await stream.aclose()
+    return {
+        "requests": len(latencies), "answered_total": state["answered"], "sent": state["measured_sent"],
+        "offered_per_second": round(state["measured_sent"] / max(sent_seconds, 1e-9), 1),
+        "unsent": total - first_measured - state["measured_sent"],
+        "unanswered": state["measured_sent"] - len(latencies) - state["measured_errors"],
+        "late_sends": state["late"], "waited_for_connection": state["waited"],
+        "in_flight_max": state["in_flight_max"],
+        "p50_ms": rounded_ms(percentile(latencies, 0.5)), "p99_ms": rounded_ms(percentile(latencies, 0.99)),
+        "max_ms": rounded_ms(max(latencies, default=None)),
+        "errors": errors, "error_count": state["errors"],
+    }
 
 
 async def start_server(nursery: trio.Nursery, app: Any) -> int:
@@ -140,12 +244,15 @@ async def create_tokens(runtime: Runtime, names: list[str], scope: Any, **token_
 @contextlib.contextmanager
 def profiled(enabled: bool, *, sort: str = "tottime", lines: int = 40) -> Iterator[None]:
     """When ``enabled``, cProfile this process's main thread (the trio loop: HTTP, actors) over
-    the ``with`` block and print the top ``lines`` functions by ``sort`` to stderr; storage jobs
-    run on other threads and are not seen."""
+    the ``with`` block, timed by the thread's CPU clock, and print the top ``lines`` functions
+    by ``sort`` to stderr; storage jobs run on other threads and are not seen."""
     if not enabled:
         yield
         return
-    profiler = cProfile.Profile()
+    # The thread's CPU clock, not the wall clock: on shared cores a wall-clock profile
+    # charges other processes' time (and waits for the interpreter lock) to whatever
+    # function happened to be running.
+    profiler = cProfile.Profile(time.thread_time)
     profiler.enable()
     try:
         yield

@@ -40,8 +40,8 @@ httpx's own per-request cost would be measured otherwise):
       latency runs from the write's due time to its answer, so a send that left late (no idle
       connection, or the generator woke late) counts against the figure instead of hiding
       (no coordinated omission); ``latency_late_sends`` counts the sends that left more than
-      ``late_send_seconds`` after their due time and ``latency_waited_for_connection`` the ones
-      that found no idle connection; writes not answered within ``open_loop_drain_seconds_max``
+      ``_load.late_send_seconds`` (2 ms) after their due time and ``latency_waited_for_connection`` the ones
+      that found no idle connection; writes not answered within ``_load.open_loop_drain_seconds_max``
       of the last send are ``latency_unanswered``, and writes still unsent that long after the
       phase's planned end (an overloaded server) ``latency_unsent``.  ``latency_p50_ms``/``latency_p99_ms``/
       ``latency_max_ms`` are this phase's, and ``targets_met.write_p99_at_most_20_ms`` is
@@ -109,6 +109,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _load import (  # noqa: E402  (bench/ is first on sys.path)
     PhaseMeter,
     RawConnection,
+    open_loop,
     percentile,
     print_job_times,
     profiled_phase,
@@ -138,11 +139,6 @@ latency_rate_default = 1_000
 latency_connections_default = 256
 """Connections of the latency phase's pool: at 1,000/s a connection is busy for one write's
 latency, so 256 leave one idle unless a write takes over 256 ms (then sends are late, counted)."""
-late_send_seconds = 0.002
-"""A send that leaves later than this after its due time counts as late."""
-open_loop_drain_seconds_max = 10.0
-"""After the last send, how long the latency phase waits for the writes still in flight; also
-how far past its planned end an overloaded phase goes on sending (the rest is ``unsent``)."""
 
 
 # ---------------------------------------------------------------------------- corpus
@@ -403,90 +399,18 @@ async def _client(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _open_loop_client(spec: dict[str, Any]) -> dict[str, Any]:
-    """The latency phase's generator: request ``n`` is due at ``start + n / rate`` whatever
-    happened to the others (open loop), on the first idle connection of a pool large enough
-    that one is normally free.  A latency runs from the request's DUE time to its answer, so a
-    late send (no idle connection, or the generator itself woke late) counts against the
-    server's figure instead of hiding it (no coordinated omission); late sends are counted."""
-    port, rate, scopes, pool = spec["port"], float(spec["rate"]), spec["scopes"], spec["turns"]
-    idle_send, idle_receive = trio.open_memory_channel[RawConnection](spec["connections"])
-    latencies: list[float] = []
-    errors: list[str] = []
-    state = {"sent": 0, "measured_sent": 0, "answered": 0, "errors": 0, "measured_errors": 0, "late": 0, "waited": 0,
-             "in_flight": 0, "in_flight_max": 0}
-    streams = []
-    for _ in range(spec["connections"]):
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        streams.append(stream)
-        idle_send.send_nowait(RawConnection(stream))
+    """The latency phase's generator: ``_load.open_loop`` (open loop, latency from each
+    write's due time, late sends counted) over the bench's writes."""
+    port, scopes, pool = spec["port"], spec["scopes"], spec["turns"]
 
-    async def one(connection: RawConnection, request: bytes, due: float, measured: bool) -> None:
-        state["in_flight"] += 1
-        state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
-        try:
-            status, body = await connection.exchange(request)
-        finally:
-            state["in_flight"] -= 1
-        elapsed = time.perf_counter() - due
-        idle_send.send_nowait(connection)
-        if status != 200:
-            state["errors"] += 1
-            state["measured_errors"] += measured
-            if len(errors) < 5:
-                errors.append(f"{status} {body[:300]!r}")
-            return
-        state["answered"] += 1
-        if measured:
-            latencies.append(elapsed)
+    def request_for(number: int) -> bytes:
+        scope = scopes[number % len(scopes)]
+        key = f"{spec['prefix']}{number}"
+        return _request("/memory/write", port, write_document(spec, key, scope, pool[number % len(pool)], number))
 
-    warm_up, seconds = spec["warm_up_seconds"], spec["seconds"]
-    total = int(rate * (warm_up + seconds))
-    first_measured = int(rate * warm_up)
-    began = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        number = 0
-        give_up_at = began + warm_up + seconds + open_loop_drain_seconds_max
-        while number < total:
-            due = began + number / rate
-            now = time.perf_counter()
-            if now > give_up_at:
-                break  # overloaded: what is still due is reported unsent, not waited for
-            if due > now:
-                await trio.sleep(due - now)
-                continue
-            try:
-                connection = idle_receive.receive_nowait()
-            except trio.WouldBlock:
-                state["waited"] += 1
-                connection = await idle_receive.receive()
-            if time.perf_counter() - due > late_send_seconds:
-                state["late"] += number >= first_measured
-            scope = scopes[number % len(scopes)]
-            key = f"{spec['prefix']}{number}"
-            request = _request("/memory/write", port, write_document(spec, key, scope, pool[number % len(pool)], number))
-            measured = number >= first_measured
-            state["measured_sent"] += measured
-            nursery.start_soon(one, connection, request, due, measured)
-            state["sent"] += 1
-            number += 1
-        sent_seconds = time.perf_counter() - began - warm_up
-        with trio.move_on_after(open_loop_drain_seconds_max):
-            while state["in_flight"]:
-                await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
-    for stream in streams:
-        await stream.aclose()
-    return {
-        "requests": len(latencies), "answered_total": state["answered"], "sent": state["measured_sent"],
-        "offered_per_second": round(state["measured_sent"] / max(sent_seconds, 1e-9), 1),
-        "unsent": total - first_measured - state["measured_sent"],
-        "unanswered": state["measured_sent"] - len(latencies) - state["measured_errors"],
-        "late_sends": state["late"], "waited_for_connection": state["waited"],
-        "in_flight_max": state["in_flight_max"],
-        "p50_ms": rounded_ms(percentile(latencies, 0.5)), "p99_ms": rounded_ms(percentile(latencies, 0.99)),
-        "max_ms": rounded_ms(max(latencies, default=None)),
-        "errors": errors, "error_count": state["errors"],
-    }
+    return await open_loop(port=port, rate=float(spec["rate"]), connections=spec["connections"],
+                           warm_up_seconds=spec["warm_up_seconds"], seconds=spec["seconds"],
+                           request_for=request_for)
 
 
 def client_main() -> None:

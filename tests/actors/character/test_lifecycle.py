@@ -129,3 +129,65 @@ async def test_reset_confirmed_at(nursery, engine):
 
     await engine.write(seed)
     assert await system.ref("character_lifecycle", "main").ask(ResetConfirmedAt()) == ResetDone(1)
+
+
+async def start_with_settings(nursery, engine, **options):
+    components = CharacterComponents()
+    settings = CharacterLifecycleSettings(instance_id="mem_1", components=components, **options)
+    kinds = [character_lifecycle_kind(settings),
+             character_actor_kind(CharacterSettings(memory=ScriptedMemory(), components=components))]
+    system = ActorSystem(engine.test_env, kinds, storage=engine)
+    await nursery.start(system.run)
+    return system, settings
+
+
+async def test_the_state_is_published_for_the_gate_and_follows_every_switch(nursery, engine):
+    system, settings = await start_with_settings(nursery, engine, start_blocked=True, blocking_reason="migrating")
+    lifecycle = system.ref("character_lifecycle", "main")
+    assert settings.published_state() is None  # not activated yet: the gate asks
+    await lifecycle.ask(Health())
+    assert settings.published_state().limited_mode
+    assert settings.published_state().blocking_reason == "migrating"
+    await lifecycle.ask(StartupContinue(reason="ready"))
+    assert not settings.published_state().limited_mode
+    await lifecycle.ask(StartupBlock(reason="upstream failed"))
+    assert settings.published_state().blocked_body()["blocking_reason"] == "upstream failed"
+    # Kept across the actor's restart: the activation publishes the durable state again.
+    await system.drain()
+    settings.published = None
+    await lifecycle.ask(Health())
+    assert settings.published_state().limited_mode
+    # A new start (a new process, a simulated restart) never reads the last start's state.
+    settings.instance_id = "mem_2"
+    assert settings.published_state() is None
+
+
+async def test_a_switch_unpublishes_while_it_runs_and_when_it_fails(nursery, engine, monkeypatch):
+    import troupe.actors.character._lifecycle as lifecycle_module
+
+    system, settings = await start_with_settings(nursery, engine)
+    lifecycle = system.ref("character_lifecycle", "main")
+    await lifecycle.ask(Health())
+    assert settings.published_state() is not None
+    seen_while_writing = []
+    real_state_put = lifecycle_module.state_put
+
+    def observed_state_put(*arguments):
+        seen_while_writing.append(settings.published)
+        return real_state_put(*arguments)
+
+    monkeypatch.setattr(lifecycle_module, "state_put", observed_state_put)
+    await lifecycle.ask(StartupBlock(reason="moving files"))
+    assert seen_while_writing == [None]  # a request meanwhile asks Health and waits
+    assert settings.published_state().limited_mode
+
+    def failing_state_put(*arguments):
+        raise RuntimeError("the disk went away")
+
+    monkeypatch.setattr(lifecycle_module, "state_put", failing_state_put)
+    with pytest.raises(Exception):  # noqa: B017 - the crash reaches the asker as the runtime's error
+        await lifecycle.ask(StartupContinue(reason="ready"))
+    assert settings.published_state() is None  # the next request asks; activation re-reads
+    monkeypatch.setattr(lifecycle_module, "state_put", real_state_put)
+    state = await lifecycle.ask(Health())
+    assert state.limited_mode and settings.published_state() == state

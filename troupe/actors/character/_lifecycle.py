@@ -5,9 +5,12 @@ switch), the per-process ``instance_id`` that ``/health`` reports, whether ``/sh
 honoured, and ``/reload`` orchestration across characters.
 
 Why one actor: continue/block and reload are read-modify-write over process-wide state; one
-actor turn each means two of them never interleave.  Every HTTP route asks it ``Health``
-first (the limited-mode gate), which is one cheap turn with no storage access: the state is
-loaded once at activation and written through on every switch.
+actor turn each means two of them never interleave.  The HTTP gate reads its state without
+a turn: the actor publishes it (``CharacterLifecycleSettings.published``) at activation and
+after every turn, and unpublishes it while a turn that may change it runs; meanwhile, or when
+nothing is published, the gate asks ``Health`` and so waits behind that turn, as every
+request did when each one asked.  The state is loaded once at activation and written
+through on every switch.
 
 Why the limited-mode state is durable but keyed by ``instance_id``: a restart of this actor
 inside one process (a crash, passivation) must not forget a ``continue``, while a new process
@@ -66,7 +69,8 @@ lifecycle_state_key = "main"
 reload_character_timeout_seconds = 30.0
 """One character's part of a reload (it waits for that character's running turn)."""
 lifecycle_mailbox_messages_max = 1_024
-"""Every HTTP request asks ``Health`` first: the mailbox must absorb a burst of them."""
+"""While nothing is published (a switch or reload running, a failed turn), every HTTP
+request asks ``Health`` first: the mailbox must absorb a burst of them."""
 default_blocking_reason = "storage startup is not complete"
 
 assert reload_character_timeout_seconds > 0
@@ -115,6 +119,16 @@ class CharacterLifecycleSettings:
     components: CharacterComponents = field(default_factory=CharacterComponents)
     reset_confirmed_at: ResetConfirmedAtFunction = reset_confirmed_at_all
     reload_character_timeout_seconds: float = reload_character_timeout_seconds
+    published: LifecycleState | None = field(default=None, compare=False)
+    """The lifecycle's state as its actor last published it, for the HTTP gate to read
+    without a turn (``published_state``); ``None`` while a turn that may change it runs,
+    and after such a turn failed."""
+
+    def published_state(self) -> LifecycleState | None:
+        """The published state of THIS start (``instance_id``), or ``None``: then ask the
+        actor (``Health``), whose activation publishes again."""
+        state = self.published
+        return state if state is not None and state.instance_id == self.instance_id else None
 
 
 class LifecycleActor(Actor):
@@ -134,10 +148,23 @@ class LifecycleActor(Actor):
         if isinstance(stored, dict) and stored.get("instance_id") == self.settings.instance_id:
             self.limited_mode = bool(stored.get("limited_mode"))
             self.reason = stored.get("reason")
+        self.settings.published = self._state()
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Health):
-            return self._state()
+            state = self._state()
+            self.settings.published = state
+            return state
+        # A turn that may change the state unpublishes it first: meanwhile the gate asks
+        # ``Health``, which waits behind this turn, as every request did before the state
+        # was published.  A turn that fails leaves it unpublished, so the next request asks
+        # and the next activation reads the durable state again.
+        self.settings.published = None
+        answer = await self._receive_change(message)
+        self.settings.published = self._state()
+        return answer
+
+    async def _receive_change(self, message: Any) -> Any:
         if isinstance(message, StartupContinue):
             return await self._switch(False, message.reason)
         if isinstance(message, StartupBlock):

@@ -132,6 +132,9 @@ class CharacterAppDependencies:
     system: Any
     allowed_hosts: Iterable[str] = ()
     request_shutdown: Callable[[], None] | None = None
+    published_lifecycle: Callable[[], LifecycleState | None] = lambda: None
+    """The lifecycle actor's published state (``CharacterLifecycleSettings.published_state``):
+    the limited-mode gate reads it without a turn; ``None`` asks the actor."""
 
 
 class ActorFailed(Exception):
@@ -178,8 +181,12 @@ def create_character_app(dependencies: CharacterAppDependencies) -> QuartTrio:
     _install_character_routes(app, dependencies, ask)
 
     async def limited_mode() -> dict[str, Any] | None:
-        state = await ask(lifecycle_kind_name, lifecycle_key, Health(request_number=next(health_numbers)),
-                          timeout=lifecycle_ask_timeout_seconds)
+        # Published by the lifecycle actor, so a request does not queue in that one actor's
+        # mailbox behind every other request (the process's busiest mailbox otherwise).
+        state = dependencies.published_lifecycle()
+        if state is None:
+            state = await ask(lifecycle_kind_name, lifecycle_key, Health(request_number=next(health_numbers)),
+                              timeout=lifecycle_ask_timeout_seconds)
         assert isinstance(state, LifecycleState)
         return state.blocked_body() if state.limited_mode else None
 

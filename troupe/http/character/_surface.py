@@ -98,6 +98,7 @@ def new_character_surface(
             system=context.system,
             allowed_hosts=tuple(context.options.allowed_hosts),
             request_shutdown=(context.request_shutdown or request_shutdown) if settings.shutdown_enabled else None,
+            published_lifecycle=settings.published_state,
         )
         return create_character_app(dependencies)
 
