@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DATA_DIR ?= ./troupe-data
+# Test workers (pytest-xdist); 0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint sweep bench clean
 
@@ -24,7 +26,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench

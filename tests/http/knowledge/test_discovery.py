@@ -4,6 +4,7 @@ the trust list) are given per instance through ``env.extras["sync_facts"]``."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from tests.http._harness import start_hypercorn
@@ -18,6 +19,10 @@ from troupe.server import SurfaceContext
 from troupe.storage import Engine
 
 from ._knowledge_harness import wait_until
+
+# mDNS on loopback: every instance on the machine sees every announcement, so the modules that
+# announce run in one xdist worker, one after the other (``make test`` runs two workers).
+pytestmark = pytest.mark.xdist_group("mdns")
 
 loopback = DiscoverySettings(enabled=True, interfaces=("127.0.0.1",))
 

@@ -8,6 +8,7 @@ environment."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from troupe.actors.knowledge.discovery import DiscoverySettings
 from troupe.http.knowledge import new_knowledge_surface
@@ -16,6 +17,10 @@ from troupe.server import ListenAddress, ServeOptions, serve
 
 from ._knowledge_harness import wait_until
 from .sync._sync_harness import device_id, pair
+
+# mDNS on loopback: every instance on the machine sees every announcement, so the modules that
+# announce run in one xdist worker, one after the other (``make test`` runs two workers).
+pytestmark = pytest.mark.xdist_group("mdns")
 
 
 async def start(nursery, data_dir: str, name: str, monkeypatch):
