@@ -164,6 +164,35 @@ async def open_loop(
     }
 
 
+def open_loop_figures(measured: dict[str, Any], rate: float, meter_figures: dict[str, Any]) -> dict[str, Any]:
+    """One open-loop run's entry in a bench's JSON line (``open_loop``'s result, trimmed)."""
+    return {
+        "rate": rate, "offered_per_second": measured["offered_per_second"], "requests": measured["requests"],
+        "p50_ms": measured["p50_ms"], "p99_ms": measured["p99_ms"], "max_ms": measured["max_ms"],
+        "late_sends": measured["late_sends"], "unsent": measured["unsent"], "unanswered": measured["unanswered"],
+        "errors": measured["error_count"], "in_flight_max": measured["in_flight_max"],
+        "server_cpu_share": meter_figures["server_cpu_share"],
+    }
+
+
+def p99_targets_per_load(name: str, limit_ms: float, *, one_caller_p99: float | None,
+                         open_loop_runs: list[dict[str, Any]], closed_loop_p99: float | None,
+                         connections: int) -> dict[str, bool]:
+    """A p99 latency target judged per load: one caller at a time, each open-loop rate (with
+    nothing unsent, unanswered or refused), and the closed loop of ``connections``."""
+
+    def within(p99: float | None) -> bool:
+        return p99 is not None and p99 <= limit_ms
+
+    limit = f"{limit_ms:g}"
+    targets = {f"{name}_p99_at_most_{limit}_ms_one_caller": within(one_caller_p99)}
+    for measured in open_loop_runs:
+        clean = not (measured["unsent"] or measured["unanswered"] or measured["errors"])
+        targets[f"{name}_p99_at_most_{limit}_ms_at_{measured['rate']:g}_per_second"] = clean and within(measured["p99_ms"])
+    targets[f"{name}_p99_at_most_{limit}_ms_closed_loop_{connections}_connections"] = within(closed_loop_p99)
+    return targets
+
+
 async def start_server(nursery: trio.Nursery, app: Any) -> int:
     import hypercorn.trio
     from hypercorn.config import Config
