@@ -45,13 +45,19 @@ async def engine(nursery, tmp_path):
 
 
 async def start(nursery, engine, **options):
+    system, memory, _ = await start_with_settings(nursery, engine, **options)
+    return system, memory
+
+
+async def start_with_settings(nursery, engine, **options):
+    """The system, the characters' scripted memory and the lifecycle's settings."""
     components = CharacterComponents()
     settings = CharacterLifecycleSettings(instance_id=options.pop("instance_id", "mem_1"), components=components, **options)
     memory = ScriptedMemory()
     kinds = [character_lifecycle_kind(settings), character_actor_kind(CharacterSettings(memory=memory, components=components))]
     system = ActorSystem(engine.test_env, kinds, storage=engine)
     await nursery.start(system.run)
-    return system, memory
+    return system, memory, settings
 
 
 async def test_health_and_limited_mode(nursery, engine):
@@ -131,18 +137,9 @@ async def test_reset_confirmed_at(nursery, engine):
     assert await system.ref("character_lifecycle", "main").ask(ResetConfirmedAt()) == ResetDone(1)
 
 
-async def start_with_settings(nursery, engine, **options):
-    components = CharacterComponents()
-    settings = CharacterLifecycleSettings(instance_id="mem_1", components=components, **options)
-    kinds = [character_lifecycle_kind(settings),
-             character_actor_kind(CharacterSettings(memory=ScriptedMemory(), components=components))]
-    system = ActorSystem(engine.test_env, kinds, storage=engine)
-    await nursery.start(system.run)
-    return system, settings
-
 
 async def test_the_state_is_published_for_the_gate_and_follows_every_switch(nursery, engine):
-    system, settings = await start_with_settings(nursery, engine, start_blocked=True, blocking_reason="migrating")
+    system, _, settings = await start_with_settings(nursery, engine, start_blocked=True, blocking_reason="migrating")
     lifecycle = system.ref("character_lifecycle", "main")
     assert settings.published_state() is None  # not activated yet: the gate asks
     await lifecycle.ask(Health())
@@ -165,7 +162,7 @@ async def test_the_state_is_published_for_the_gate_and_follows_every_switch(nurs
 async def test_a_switch_unpublishes_while_it_runs_and_when_it_fails(nursery, engine, monkeypatch):
     import troupe.actors.character._lifecycle as lifecycle_module
 
-    system, settings = await start_with_settings(nursery, engine)
+    system, _, settings = await start_with_settings(nursery, engine)
     lifecycle = system.ref("character_lifecycle", "main")
     await lifecycle.ask(Health())
     assert settings.published_state() is not None
