@@ -26,7 +26,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench

@@ -20,9 +20,8 @@ from troupe.storage import Engine
 
 from ._knowledge_harness import wait_until
 
-# mDNS on loopback: every instance on the machine sees every announcement, so the modules that
-# announce run in one xdist worker, one after the other (``make test`` runs two workers).
-pytestmark = pytest.mark.xdist_group("mdns")
+# Every instance on loopback sees every announcement: announcing tests take turns (conftest).
+pytestmark = pytest.mark.usefixtures("mdns_turn")
 
 loopback = DiscoverySettings(enabled=True, interfaces=("127.0.0.1",))
 

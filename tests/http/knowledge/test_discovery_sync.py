@@ -18,9 +18,8 @@ from troupe.server import ListenAddress, ServeOptions, serve
 from ._knowledge_harness import wait_until
 from .sync._sync_harness import device_id, pair
 
-# mDNS on loopback: every instance on the machine sees every announcement, so the modules that
-# announce run in one xdist worker, one after the other (``make test`` runs two workers).
-pytestmark = pytest.mark.xdist_group("mdns")
+# Every instance on loopback sees every announcement: announcing tests take turns (conftest).
+pytestmark = pytest.mark.usefixtures("mdns_turn")
 
 
 async def start(nursery, data_dir: str, name: str, monkeypatch):
