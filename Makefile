@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DATA_DIR ?= ./troupe-data
-# Test workers (pytest-xdist); 0 runs the suite in this one process.
+# Test workers (pytest-xdist, work-stealing: the simulator tests take 10-40 s each, so a worker
+# that finishes early takes over the other's queue); 0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 
 .PHONY: run test lint sweep bench clean
@@ -26,7 +27,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check troupe tests bench
