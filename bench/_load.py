@@ -16,7 +16,7 @@ import os
 import pstats
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +88,7 @@ async def open_loop(
     idle_send, idle_receive = trio.open_memory_channel[RawConnection](connections)
     latencies: list[float] = []
     errors: list[str] = []
-    state = {"sent": 0, "measured_sent": 0, "answered": 0, "errors": 0, "measured_errors": 0, "late": 0, "waited": 0,
+    state = {"measured_sent": 0, "answered": 0, "errors": 0, "measured_errors": 0, "late": 0, "waited": 0,
              "in_flight": 0, "in_flight_max": 0}
     streams = []
     for _ in range(connections):
@@ -142,7 +142,6 @@ async def open_loop(
             state["in_flight"] += 1
             state["in_flight_max"] = max(state["in_flight_max"], state["in_flight"])
             nursery.start_soon(one, connection, request_for(number), due, measured)
-            state["sent"] += 1
             number += 1
         sent_seconds = time.perf_counter() - began - warm_up_seconds
         with trio.move_on_after(open_loop_drain_seconds_max):
@@ -164,15 +163,28 @@ async def open_loop(
     }
 
 
-def open_loop_figures(measured: dict[str, Any], rate: float, meter_figures: dict[str, Any]) -> dict[str, Any]:
-    """One open-loop run's entry in a bench's JSON line (``open_loop``'s result, trimmed)."""
-    return {
-        "rate": rate, "offered_per_second": measured["offered_per_second"], "requests": measured["requests"],
-        "p50_ms": measured["p50_ms"], "p99_ms": measured["p99_ms"], "max_ms": measured["max_ms"],
-        "late_sends": measured["late_sends"], "unsent": measured["unsent"], "unanswered": measured["unanswered"],
-        "errors": measured["error_count"], "in_flight_max": measured["in_flight_max"],
-        "server_cpu_share": meter_figures["server_cpu_share"],
-    }
+def rates_argument(text: str) -> list[float]:
+    """An argparse ``type``: comma-separated open-loop rates (per second)."""
+    return [float(rate) for rate in text.split(",")]
+
+
+async def open_loop_series(engine: Any, rates: list[float],
+                           run_rate: Callable[[float], Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One open loop per rate (``run_rate(rate)`` returns ``open_loop``'s result, usually from
+    the load-generator process), each with the server's CPU share during it: the entries a
+    bench's JSON line lists."""
+    runs = []
+    for rate in rates:
+        with PhaseMeter(engine) as meter:
+            measured = await run_rate(rate)
+        runs.append({
+            "rate": rate, "offered_per_second": measured["offered_per_second"], "requests": measured["requests"],
+            "p50_ms": measured["p50_ms"], "p99_ms": measured["p99_ms"], "max_ms": measured["max_ms"],
+            "late_sends": measured["late_sends"], "unsent": measured["unsent"], "unanswered": measured["unanswered"],
+            "errors": measured["error_count"], "in_flight_max": measured["in_flight_max"],
+            "server_cpu_share": meter.figures["server_cpu_share"],
+        })
+    return runs
 
 
 def p99_targets_per_load(name: str, limit_ms: float, *, one_caller_p99: float | None,

@@ -88,11 +88,12 @@ from _load import (  # noqa: E402  (bench/ is first on sys.path)
     PhaseMeter,
     RawConnection,
     open_loop,
-    open_loop_figures,
+    open_loop_series,
     p99_targets_per_load,
     percentile,
     print_job_times,
     profiled_phase,
+    rates_argument,
     rounded_ms,
     start_runtime,
     start_server,
@@ -274,10 +275,11 @@ async def _open_loop_client(spec: dict[str, Any]) -> dict[str, Any]:
             return str(status)
         return "degraded" if json.loads(body).get("error_code") else None
 
+    query_spec = {**spec, "mode": "query"}
     return await open_loop(
         port=spec["port"], rate=float(spec["rate"]), connections=spec["connections"],
         warm_up_seconds=warm_up_seconds, seconds=spec["seconds"],
-        request_for=lambda number: _build({**spec, "mode": "query"}, 0, number), refusal=refusal,
+        request_for=lambda number: _build(query_spec, 0, number), refusal=refusal,
     )
 
 
@@ -591,13 +593,9 @@ async def query_phase(arguments: argparse.Namespace, env: Any, engine: Any, syst
     # due time), the figure a latency target is judged by at a given load; the closed loop
     # above measures capacity (its always-waiting connections make latency = connections /
     # throughput, Little's law).
-    figures["query_open_loop"] = []
-    for rate in arguments.query_rates:
-        with PhaseMeter(engine) as rate_meter:
-            measured = await run_client({"mode": "query_open_loop", "port": port, "names": names, "rate": rate,
-                                         "seconds": arguments.query_rate_seconds,
-                                         "connections": query_open_loop_connections})
-        figures["query_open_loop"].append(open_loop_figures(measured, rate, rate_meter.figures))
+    figures["query_open_loop"] = await open_loop_series(engine, arguments.query_rates, lambda rate: run_client(
+        {"mode": "query_open_loop", "port": port, "names": names, "rate": rate,
+         "seconds": arguments.query_rate_seconds, "connections": query_open_loop_connections}))
     with profiled_phase(arguments, "query_time"):
         windowed = await run_client({**common, "requests": time_query_requests, "time": "2026-03"})
     figures["query_with_time_p50_ms"], figures["query_with_time_p99_ms"] = windowed["p50_ms"], windowed["p99_ms"]
@@ -678,7 +676,7 @@ if __name__ == "__main__":
     parser.add_argument("--fact-characters", type=int, default=1, help="characters loaded with --facts facts")
     parser.add_argument("--query-requests", type=int, default=400)
     parser.add_argument("--query-connections", type=int, default=4)
-    parser.add_argument("--query-rates", type=lambda text: [float(rate) for rate in text.split(",")],
+    parser.add_argument("--query-rates", type=rates_argument,
                         default=query_rates_default, help="open-loop queries/s, comma-separated")
     parser.add_argument("--query-rate-seconds", type=float, default=5.0, help="each open-loop rate's duration")
     parser.add_argument("--phase", choices=["all", "cache", "query", "cache_in_process"], default="all")

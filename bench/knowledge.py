@@ -115,11 +115,12 @@ from _load import (  # noqa: E402  (bench/ is first on sys.path)
     PhaseMeter,
     RawConnection,
     open_loop,
-    open_loop_figures,
+    open_loop_series,
     p99_targets_per_load,
     percentile,
     print_job_times,
     profiled_phase,
+    rates_argument,
     rounded_ms,
     start_runtime,
     start_server,
@@ -794,13 +795,9 @@ async def context_phase(arguments: argparse.Namespace, env: Any, engine: Any, po
     # capacity (its connections always wait: latency = connections / throughput).
     sequential = await run_client({**common, "connections": 1, "requests": arguments.context_requests})
     figures["context_sequential"] = {key: sequential[key] for key in ("requests", "p50_ms", "p99_ms", "max_ms")}
-    figures["context_open_loop"] = []
-    for rate in arguments.context_rates:
-        with PhaseMeter(engine) as rate_meter:
-            measured = await run_client({**common, "mode": "context_open_loop", "rate": rate,
-                                         "seconds": arguments.context_rate_seconds,
-                                         "warm_up_seconds": warm_up_seconds, "connections": context_open_loop_connections})
-        figures["context_open_loop"].append(open_loop_figures(measured, rate, rate_meter.figures))
+    figures["context_open_loop"] = await open_loop_series(engine, arguments.context_rates, lambda rate: run_client(
+        {**common, "mode": "context_open_loop", "rate": rate, "seconds": arguments.context_rate_seconds,
+         "warm_up_seconds": warm_up_seconds, "connections": context_open_loop_connections}))
     with profiled_phase(arguments, "in_process"):
         figures["context_in_process"] = await in_process_context(env, engine, queries)
 
@@ -871,7 +868,7 @@ if __name__ == "__main__":
     parser.add_argument("--items", type=int, default=100_000, help="knowledge items loaded for /agent/context")
     parser.add_argument("--context-requests", type=int, default=400)
     parser.add_argument("--context-connections", type=int, default=4)
-    parser.add_argument("--context-rates", type=lambda text: [float(rate) for rate in text.split(",")],
+    parser.add_argument("--context-rates", type=rates_argument,
                         default=context_rates_default, help="open-loop agent-context requests/s, comma-separated")
     parser.add_argument("--context-rate-seconds", type=float, default=5.0, help="each open-loop rate's duration")
     parser.add_argument("--latency-rate", type=float, default=latency_rate_default,
