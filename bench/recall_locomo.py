@@ -7,9 +7,9 @@ evidence turns found in the top k, averaged over questions.  Categories 1-4 are 
 category 5 (adversarial) is reported separately.  A ``rank_bm25`` baseline over the same
 turns runs in the same process.  Prints one JSON line.
 
-    python bench/recall_locomo.py --data ../shared/bench-data/locomo-dev.json [--embedder hashed] [--k 5,10]
+    python bench/recall_locomo.py [--data ../shared/bench-data/locomo-dev.json] [--embedder hashed] [--no-folds]
 
-``--folds`` (issue 14): fusion weights are chosen by cross-validation over the conversations,
+The folds (issue 14; the default, ``--no-folds`` for the single pass above): fusion weights are chosen by cross-validation over the conversations,
 never on the whole split.  Each question's candidate lists (``MemoryIndex.recall_candidates``:
 text, context, vector, the named speaker's items, the feedback and entity expansions, and the
 neighbours of every candidate) are read from the index once and cached; every weight set of a
@@ -63,6 +63,8 @@ from troupe.retrieval._expansion import neighbour_list  # noqa: E402
 from troupe.runtime._real_env import real_env  # noqa: E402
 from troupe.storage import Engine  # noqa: E402
 
+# The dev split of ``../shared/bench-data`` (five conversations), beside the repository.
+data_path_default = Path(__file__).resolve().parents[2] / "shared" / "bench-data" / "locomo-dev.json"
 _evidence_pattern = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
 _session_date_format = "%I:%M %p on %d %B, %Y"
 
@@ -536,7 +538,8 @@ async def run_folds(arguments) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True)
+    parser.add_argument("--data", default=str(data_path_default),
+                        help="LoCoMo-format JSON (default: the dev split beside the repository)")
     parser.add_argument("--embedder", default="hashed")
     parser.add_argument("--k", default="5,10")
     parser.add_argument("--settings", default="{}", help="RecallSettings overrides as JSON")
@@ -549,8 +552,9 @@ def main() -> None:
     parser.add_argument("--common-terms-items-min", type=int, default=None, metavar="N",
                         help="bench only: prune common terms (with settings' common_term_share_max) "
                              "from N items (library: 10 000)")
-    parser.add_argument("--folds", action="store_true",
-                        help="cross-validate fusion weights and expansions over the conversations")
+    parser.add_argument("--folds", action=argparse.BooleanOptionalAction, default=True,
+                        help="cross-validate fusion weights and expansions over the conversations "
+                             "(default; --no-folds: one pass with the shipped settings, against rank_bm25)")
     arguments = parser.parse_args()
     if arguments.common_terms_items_min is not None:
         memory_index_module.common_term_pruning_items_min = arguments.common_terms_items_min
