@@ -84,7 +84,7 @@ import datetime
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -192,10 +192,10 @@ fusion_by_embedder_default: Mapping[str, Mapping[str, float]] = MappingProxyType
 })
 # Distinct (settings, embedder) pairs whose resolved settings are kept (``_settings_for_embedder``).
 settings_resolved_cached_max = 32
-fusion_fields_by_embedder = frozenset({
-    "rank_constant", "text_weight", "context_weight", "vector_weight", "speaker_weight",
-    "feedback_weight", "entity_weight", "neighbour_weight",
-})
+# What a per-embedder set may replace: the fusion weights, not the neighbour counts.
+fusion_fields_by_embedder = frozenset(
+    item.name for item in fields(FusionWeights) if item.name not in ("neighbour_hits", "neighbour_turns")
+)
 
 
 @dataclass(frozen=True)
@@ -273,10 +273,9 @@ class RecallSettings:
     def for_embedder(self, name: str | None) -> RecallSettings:
         """These settings with ``name``'s fusion weights in place (itself when it has none).
         Idempotent: the result carries no per-embedder weights any more."""
-        overrides = self.fusion_by_embedder.get(name or "")
         if not self.fusion_by_embedder:
             return self
-        return replace(self, fusion_by_embedder={}, **(overrides or {}))
+        return replace(self, fusion_by_embedder={}, **self.fusion_by_embedder.get(name or "", {}))
 
     def fusion_weights(self) -> FusionWeights:
         return FusionWeights(
@@ -446,7 +445,8 @@ class MemoryIndex:
         self._sequences_in_flight: set[int] = set()
         self._sequence_absorbed_max = 0
         self._vector_path = vector_path
-        self.settings = settings.for_embedder(None if embedder is None else embedder.name)
+        self._embedder_name = None if embedder is None else embedder.name
+        self.settings = _settings_for_embedder(settings, self._embedder_name)
         self._bitmaps = FacetBitmaps()
         self._vectors: VectorIndex | None = None
         self.vector_fingerprint = (
@@ -837,7 +837,7 @@ class MemoryIndex:
         """A call's own settings get this index's embedder's fusion weights too."""
         if settings is None:
             return self.settings
-        return _settings_for_embedder(settings, None if self._embedder is None else self._embedder.name)
+        return _settings_for_embedder(settings, self._embedder_name)
 
     async def _plan_hybrid(
         self,
